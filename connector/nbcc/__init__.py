@@ -1,0 +1,29 @@
+"""nbcc: a merge-on-read table format with non-blocking concurrency control (Apache Hudi RFC-66).
+
+The engine-independent core: pyarrow and fsspec only. Start with `nbcc.Table`.
+"""
+
+from .buckets import bucket_ids, file_group_id
+from .errors import (
+    CommitError,
+    DataFileError,
+    InvalidOptionError,
+    LockLostError,
+    LockTimeoutError,
+    NbccError,
+    SchemaError,
+    StorageError,
+    TableExistsError,
+    TableNotFoundError,
+)
+from .file_slices import FileSlice, build_file_slices
+from .table import Table
+from .timeline import Instant
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Table", "Instant", "FileSlice", "build_file_slices", "bucket_ids", "file_group_id",
+    "NbccError", "TableNotFoundError", "TableExistsError", "InvalidOptionError", "SchemaError",
+    "DataFileError", "LockTimeoutError", "LockLostError", "CommitError", "StorageError",
+]

@@ -1,0 +1,207 @@
+"""The table lock and the time generator: one monotonic clock for every writer of a table.
+
+The lock is a compare-and-swap register built on put-if-absent alone, so it works the same on
+local disk and S3 with no lock server. Its state is a sequence of small JSON files
+`.nbcc/lock/<seq>.json`; the file with the greatest `seq` is the current state, and a change is the
+put-if-absent of `seq + 1` (one winner). The state carries
+
+- `holder` and `lease_until_ms`: who holds the lock and until when. A crashed holder's lease runs
+  out and the next process takes the lock over; no lock is ever held forever.
+- `last_time_ms`: the last time issued. Every new time is `max(now, last + 1 ms)`, so times are
+  strictly increasing across processes and machines without Hudi's sleep of the clock skew.
+
+Instant times are issued by one CAS while the lock is free. A completion time is issued by the
+CAS that takes the lock, and the completed instant file is created before the lock is released:
+RFC-66 needs those two steps to be atomic with respect to compaction scheduling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Iterator
+
+from .errors import InvalidOptionError, LockLostError, LockTimeoutError
+from .storage import Storage
+
+LOCK_DIR = ".nbcc/lock"
+_KEEP_STATES = 8  # older state files are garbage; keep a few for debugging
+_MAX_BACKOFF_S = 0.05
+
+TIME_LEN = 17  # yyyyMMddHHmmssSSS
+
+
+def format_time(ms: int) -> str:
+    dt = datetime.fromtimestamp(ms / 1000.0, tz=timezone.utc)
+    return dt.strftime("%Y%m%d%H%M%S") + f"{ms % 1000:03d}"
+
+
+def parse_time(text: str) -> int:
+    """Milliseconds since the epoch of a 17-digit `yyyyMMddHHmmssSSS` UTC time."""
+    if len(text) != TIME_LEN or not text.isdigit():
+        raise InvalidOptionError(f"{text!r} is not a 17-digit instant time (yyyyMMddHHmmssSSS, UTC)")
+    dt = datetime.strptime(text[:14], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
+    return int(dt.timestamp()) * 1000 + int(text[14:])
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class LockState:
+    seq: int
+    holder: str | None
+    lease_until_ms: int
+    last_time_ms: int
+
+    def is_free(self, now_ms: int) -> bool:
+        return self.holder is None or self.lease_until_ms <= now_ms
+
+
+@dataclass
+class LockStats:
+    """What the lock cost this process: it must stay small (it is on every commit's path)."""
+
+    acquisitions: int = 0
+    total_wait_ms: float = 0.0
+    max_wait_ms: float = 0.0
+    total_hold_ms: float = 0.0
+    max_hold_ms: float = 0.0
+    cas_conflicts: int = 0
+
+
+@dataclass
+class LockGrant:
+    """The lock, held. `time` is the time issued when the lock was taken."""
+
+    time: str
+    state: LockState
+    wait_ms: float
+    lease_ms: int
+    _acquired_mono: float = field(default_factory=time.monotonic)
+
+    def check(self) -> None:
+        """Raise unless well inside the lease. Called right before the critical write, so a
+        holder that stalled (GC pause, suspended VM) never writes after another took over."""
+        held_ms = (time.monotonic() - self._acquired_mono) * 1000
+        if held_ms > self.lease_ms / 2:
+            raise LockLostError(
+                f"held the table lock for {held_ms:.0f} ms, more than half its {self.lease_ms} ms "
+                "lease; stopped before committing. Retry the commit, or raise lock_lease_ms."
+            )
+
+
+class TimeGenerator:
+    """Issues instant and completion times for one table, guarded by the storage-based lock."""
+
+    def __init__(self, storage: Storage, lease_ms: int = 30_000, timeout_ms: int | None = None):
+        self.storage = storage
+        self.lease_ms = int(lease_ms)
+        # Waiting longer than a lease lets a crashed holder's lease run out first.
+        self.timeout_ms = int(timeout_ms if timeout_ms is not None else 2 * self.lease_ms + 30_000)
+        self.holder_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.stats = LockStats()
+        self._stats_lock = threading.Lock()
+
+    # -- the register ----------------------------------------------------------------------
+
+    def _read_state(self) -> LockState:
+        while True:
+            seqs = []
+            for name in self.storage.list_names(LOCK_DIR):
+                stem = name.split(".", 1)[0]
+                if name.endswith(".json") and stem.isdigit():
+                    seqs.append(int(stem))
+            if not seqs:
+                return LockState(0, None, 0, 0)
+            top = max(seqs)
+            try:
+                raw = json.loads(self.storage.read_bytes(f"{LOCK_DIR}/{top:020d}.json"))
+            except FileNotFoundError:
+                continue  # collected between list and read: list again
+            return LockState(int(raw["seq"]), raw.get("holder"), int(raw["lease_until_ms"]),
+                             int(raw["last_time_ms"]))
+
+    def _swap(self, new: LockState) -> bool:
+        """Install `new` if the state is still `new.seq - 1`."""
+        data = json.dumps(asdict(new)).encode()
+        if not self.storage.put_if_absent(f"{LOCK_DIR}/{new.seq:020d}.json", data):
+            return False
+        # A stalled process can land a put in a slot that was already collected; it lost.
+        names = self.storage.list_names(LOCK_DIR)
+        return not any(n.split(".", 1)[0].isdigit() and int(n.split(".", 1)[0]) > new.seq for n in names)
+
+    def _collect(self, seq: int) -> None:
+        names = self.storage.list_names(LOCK_DIR)
+        old = sorted(int(n.split(".", 1)[0]) for n in names
+                     if n.endswith(".json") and n.split(".", 1)[0].isdigit())
+        old = [s for s in old if s < seq - _KEEP_STATES]
+        if len(old) >= _KEEP_STATES:  # batch the deletes
+            for s in old:
+                self.storage.delete(f"{LOCK_DIR}/{s:020d}.json")
+
+    def _acquire(self, take: bool) -> tuple[LockState, float]:
+        """CAS from a free state to one that issued a new time (and holds the lock if `take`)."""
+        start = time.monotonic()
+        attempt = 0
+        while True:
+            state = self._read_state()
+            now = _now_ms()
+            if state.is_free(now):
+                issued = max(now, state.last_time_ms + 1)
+                new = LockState(
+                    seq=state.seq + 1,
+                    holder=self.holder_id if take else None,
+                    lease_until_ms=now + self.lease_ms if take else 0,
+                    last_time_ms=issued,
+                )
+                if self._swap(new):
+                    return new, (time.monotonic() - start) * 1000
+                with self._stats_lock:
+                    self.stats.cas_conflicts += 1
+            waited_ms = (time.monotonic() - start) * 1000
+            if waited_ms > self.timeout_ms:
+                raise LockTimeoutError(
+                    f"waited {waited_ms:.0f} ms for the table lock of {self.storage.uri} "
+                    f"(held by {state.holder}, lease until {format_time(state.lease_until_ms)}); "
+                    "another writer may be stuck: it is taken over once its lease runs out"
+                )
+            attempt += 1
+            time.sleep(min(_MAX_BACKOFF_S, 0.001 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.5))
+
+    # -- public ----------------------------------------------------------------------------
+
+    def new_instant(self) -> str:
+        """A new instant time, greater than every time issued before for this table."""
+        state, _ = self._acquire(take=False)
+        return format_time(state.last_time_ms)
+
+    @contextmanager
+    def locked(self) -> Iterator[LockGrant]:
+        """Hold the table lock; the grant carries a new time issued under it."""
+        state, wait_ms = self._acquire(take=True)
+        grant = LockGrant(format_time(state.last_time_ms), state, wait_ms, self.lease_ms)
+        try:
+            yield grant
+        finally:
+            hold_ms = (time.monotonic() - grant._acquired_mono) * 1000
+            released = LockState(state.seq + 1, None, 0, state.last_time_ms)
+            # Failing to release means our lease ran out and someone took over: nothing to undo.
+            if self._swap(released):
+                self._collect(released.seq)
+            with self._stats_lock:
+                s = self.stats
+                s.acquisitions += 1
+                s.total_wait_ms += wait_ms
+                s.max_wait_ms = max(s.max_wait_ms, wait_ms)
+                s.total_hold_ms += hold_ms
+                s.max_hold_ms = max(s.max_hold_ms, hold_ms)

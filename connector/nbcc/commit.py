@@ -1,0 +1,111 @@
+"""The life of one write instant: begin, write files (elsewhere), commit or roll back.
+
+    begin:    instant = new time; create <instant>.<action>.requested, then .inflight
+    commit:   under the table lock: completion = time issued with the lock, create
+              <instant>_<completion>.<action> (put-if-absent) holding the commit metadata;
+              release the lock, then remove the requested/inflight files
+    rollback: delete the instant's data files, then its requested/inflight files
+
+The lock is held only to issue the completion time and create one small file (RFC-66 needs the
+two to be atomic). No conflict check runs: writers of different instants never conflict.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from .clock import TimeGenerator
+from .errors import CommitError, SchemaError
+from .filenames import LogFile, parse_data_file
+from .schema import schema_to_json, type_to_json
+from .storage import Storage
+from .timeline import (
+    Timeline,
+    create_completed,
+    create_inflight,
+    create_requested,
+    read_commit_metadata,
+    remove_pending_files,
+)
+
+
+@dataclass
+class WriteTransaction:
+    storage: Storage
+    clock: TimeGenerator
+    action: str
+    operation: str
+    schema: pa.Schema  # the table schema this write produces (possibly with added columns)
+    added_columns: list[str] = field(default_factory=list)
+    instant: str = ""
+    started_at: float = 0.0
+
+    def begin(self) -> str:
+        self.instant = self.clock.new_instant()
+        self.started_at = time.time()
+        info = {"operation": self.operation, "host": socket.gethostname(), "pid": os.getpid()}
+        create_requested(self.storage, self.instant, self.action, info)
+        create_inflight(self.storage, self.instant, self.action, info)
+        return self.instant
+
+    def commit(self, files: Iterable[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
+        """Complete the instant; returns its completion time."""
+        files = sorted(files, key=lambda f: (f["partition"], f["name"]))
+        for f in files:
+            parsed = parse_data_file(f["name"])
+            if not isinstance(parsed, LogFile) or parsed.instant != self.instant:
+                raise CommitError(f"file {f['name']} does not belong to instant {self.instant}")
+        if self.added_columns:
+            self._check_added_columns()
+        metadata = {
+            "instant": self.instant,
+            "action": self.action,
+            "operation": self.operation,
+            "schema": schema_to_json(self.schema),
+            "files": files,
+            "rows": sum(int(f["rows"]) for f in files),
+            "bytes": sum(int(f["bytes"]) for f in files),
+            **(extra or {}),
+        }
+        with self.clock.locked() as grant:
+            metadata["lock_wait_ms"] = round(grant.wait_ms, 3)
+            grant.check()
+            create_completed(self.storage, self.instant, grant.time, self.action, metadata)
+            completion = grant.time
+        remove_pending_files(self.storage, self.instant, self.action)
+        return completion
+
+    def _check_added_columns(self) -> None:
+        """Two writers adding one column with different types is the one thing writers can
+        disagree on; refuse the later commit rather than publish files no reader can combine."""
+        mine = {n: self.schema.field(n).type for n in self.added_columns}
+        for inst in Timeline.load(self.storage).completed():
+            for f in read_commit_metadata(self.storage, inst)["schema"]:
+                if f["name"] in mine and f["type"] != type_to_json(mine[f["name"]]):
+                    raise SchemaError(
+                        f"column {f['name']!r} was added as {f['type']} by commit {inst.instant} "
+                        f"while this write added it as {mine[f['name']]}; cast it and write again"
+                    )
+
+    def rollback(self, files: Iterable[dict[str, Any]] = (), partitions: Iterable[str] = ()) -> None:
+        """Undo a failed write: its data files first, then its pending timeline files.
+
+        `files` are those known to be written; every partition in `partitions` is also listed
+        for files of this instant that a failed task left without reporting them."""
+        doomed = {(f["partition"], f["name"]) for f in files}
+        for part in set(partitions) | {p for p, _ in doomed}:
+            for name in self.storage.list_names(part):
+                try:
+                    if parse_data_file(name).instant == self.instant:
+                        doomed.add((part, name))
+                except ValueError:
+                    continue
+        for part, name in sorted(doomed):
+            self.storage.delete(f"{part}/{name}" if part else name)
+        remove_pending_files(self.storage, self.instant, self.action)

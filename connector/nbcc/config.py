@@ -1,0 +1,218 @@
+"""Table configuration (`.nbcc/table.json`) and the options users pass to reads and writes.
+
+Options are declared once here, with their parser and a one-line description, so that the Python
+API and the Spark connector accept exactly the same names and an unknown name is an error that
+lists the valid ones.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import pyarrow as pa
+
+from .errors import InvalidOptionError, SchemaError
+from .schema import META_PREFIX, schema_from_json, schema_to_json
+
+FORMAT_VERSION = 1
+TABLE_CONFIG_PATH = ".nbcc/table.json"
+
+EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE = "event_time", "commit_time", "partial_update"
+MERGE_MODES = (EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE)
+UPSERT, DELETE = "upsert", "delete"
+OPERATIONS = (UPSERT, DELETE)
+
+DEFAULT_BUCKETS = 16
+DEFAULT_MAX_LOG_FILE_BYTES = 512 * 1024 * 1024
+DEFAULT_LOCK_LEASE_MS = 30_000
+
+
+def _names(value: str | Sequence[str] | None) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [v.strip() for v in value.split(",") if v.strip()]
+    return [str(v) for v in value]
+
+
+def _positive_int(name: str) -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            raise InvalidOptionError(f"option {name!r} must be a positive integer, got {value!r}") from None
+        if n < 1:
+            raise InvalidOptionError(f"option {name!r} must be a positive integer, got {value!r}")
+        return n
+    return parse
+
+
+def _choice(name: str, choices: Sequence[str]) -> Callable[[Any], str]:
+    def parse(value: Any) -> str:
+        v = str(value).strip().lower()
+        if v not in choices:
+            raise InvalidOptionError(f"option {name!r} must be one of {', '.join(choices)}; got {value!r}")
+        return v
+    return parse
+
+
+def _optional_name(value: Any) -> str | None:
+    v = str(value).strip()
+    return v or None
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    parse: Callable[[Any], Any]
+    doc: str
+
+
+# Options that create a table (used on the first write) and are checked against it afterwards.
+TABLE_OPTIONS: dict[str, OptionSpec] = {
+    "record_key": OptionSpec(_names, "record key column(s), comma-separated; required to create a table"),
+    "ordering_field": OptionSpec(_optional_name, "column whose greatest value wins a merge (event_time mode)"),
+    "partition_by": OptionSpec(_names, "partition column(s), comma-separated (Hive-style folders)"),
+    "buckets": OptionSpec(_positive_int("buckets"), f"number of buckets (file groups) per partition, default {DEFAULT_BUCKETS}"),
+    "merge_mode": OptionSpec(_choice("merge_mode", MERGE_MODES), "event_time | commit_time | partial_update"),
+}
+WRITE_OPTIONS: dict[str, OptionSpec] = {
+    **TABLE_OPTIONS,
+    "operation": OptionSpec(_choice("operation", OPERATIONS), "upsert (default) | delete"),
+    "max_log_file_bytes": OptionSpec(_positive_int("max_log_file_bytes"), "roll a log file over to a new version past this size"),
+}
+READ_OPTIONS: dict[str, OptionSpec] = {}
+
+STORAGE_PREFIX = "storage."
+# Spark adds these itself for load(path) / save(path).
+SPARK_PATH_OPTIONS = ("path", "paths")
+
+
+def parse_options(options: Mapping[str, Any], specs: Mapping[str, OptionSpec], kind: str
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split `options` into (parsed nbcc options, storage options); unknown names are an error."""
+    parsed: dict[str, Any] = {}
+    storage: dict[str, Any] = {}
+    unknown = []
+    for raw_key, value in options.items():
+        key = str(raw_key).strip()
+        low = key.lower()
+        if low.startswith(STORAGE_PREFIX) and len(low) > len(STORAGE_PREFIX):
+            storage[key[len(STORAGE_PREFIX):]] = value
+        elif low in specs:
+            if value is not None:
+                parsed[low] = specs[low].parse(value)
+        elif low not in SPARK_PATH_OPTIONS:
+            unknown.append(key)
+    if unknown:
+        valid = ", ".join(sorted(specs)) + (", " if specs else "") + "storage.<fsspec option>"
+        raise InvalidOptionError(
+            f"unknown {kind} option(s): {', '.join(sorted(unknown))}. Valid {kind} options: {valid}"
+        )
+    return parsed, storage
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    schema: pa.Schema
+    record_key: tuple[str, ...]
+    ordering_field: str | None = None
+    partition_by: tuple[str, ...] = ()
+    buckets: int = DEFAULT_BUCKETS
+    merge_mode: str = COMMIT_TIME
+    lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, schema: pa.Schema, record_key: str | Sequence[str] | None, *,
+              ordering_field: str | None = None, partition_by: str | Sequence[str] = (),
+              buckets: int = DEFAULT_BUCKETS, merge_mode: str | None = None,
+              lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS) -> "TableConfig":
+        """Validate the settings of a new table."""
+        keys = tuple(_names(record_key))
+        if not keys:
+            raise SchemaError(
+                "record_key is required to create a table: name the column(s) that identify a "
+                "record, e.g. record_key='id' (Spark: .option('record_key', 'id'))"
+            )
+        names = set(schema.names)
+        reserved = [n for n in schema.names if n.startswith(META_PREFIX)]
+        if reserved:
+            raise SchemaError(f"column name(s) {reserved} use the reserved prefix {META_PREFIX!r}; rename them")
+        for role, cols in (("record_key", keys), ("partition_by", tuple(_names(partition_by))),
+                           ("ordering_field", (ordering_field,) if ordering_field else ())):
+            missing = [c for c in cols if c not in names]
+            if missing:
+                raise SchemaError(f"{role} column(s) {missing} are not in the schema; columns are: {schema.names}")
+        for k in keys:
+            t = schema.field(k).type
+            if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+                    or pa.types.is_date(t)):
+                raise SchemaError(f"record key column {k!r} has type {t}; supported: string, integer, date")
+        if ordering_field:
+            t = schema.field(ordering_field).type
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+                    or pa.types.is_large_string(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)
+                    or pa.types.is_decimal(t)):
+                raise SchemaError(f"ordering_field {ordering_field!r} has type {t}, which has no order nbcc can use")
+        mode = merge_mode or (EVENT_TIME if ordering_field else COMMIT_TIME)
+        mode = _choice("merge_mode", MERGE_MODES)(mode)
+        if mode == EVENT_TIME and not ordering_field:
+            raise SchemaError("merge_mode event_time needs an ordering_field: name the column whose greatest value wins")
+        buckets = _positive_int("buckets")(buckets)
+        # Record keys and partition values must never be null.
+        fields = [f.with_nullable(False) if f.name in keys else f for f in schema]
+        return cls(pa.schema(fields), keys, ordering_field, tuple(_names(partition_by)), buckets, mode,
+                   int(lock_lease_ms))
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format_version": self.format_version,
+            "schema": schema_to_json(self.schema),
+            "record_key": list(self.record_key),
+            "ordering_field": self.ordering_field,
+            "partition_by": list(self.partition_by),
+            "buckets": self.buckets,
+            "merge_mode": self.merge_mode,
+            "lock_lease_ms": self.lock_lease_ms,
+            **self.extra,
+        }
+        return json.dumps(doc, indent=2).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> "TableConfig":
+        doc = json.loads(data)
+        version = doc.get("format_version")
+        if version != FORMAT_VERSION:
+            raise SchemaError(f"table format version {version} is not supported by this nbcc (supports {FORMAT_VERSION})")
+        known = {"format_version", "schema", "record_key", "ordering_field", "partition_by", "buckets",
+                 "merge_mode", "lock_lease_ms"}
+        return cls(
+            schema=schema_from_json(doc["schema"]),
+            record_key=tuple(doc["record_key"]),
+            ordering_field=doc.get("ordering_field"),
+            partition_by=tuple(doc.get("partition_by") or ()),
+            buckets=int(doc["buckets"]),
+            merge_mode=doc["merge_mode"],
+            lock_lease_ms=int(doc.get("lock_lease_ms", DEFAULT_LOCK_LEASE_MS)),
+            format_version=version,
+            extra={k: v for k, v in doc.items() if k not in known},
+        )
+
+    def check_options(self, options: Mapping[str, Any]) -> None:
+        """Table-shaping options given to a write of an existing table must match it."""
+        current = {
+            "record_key": list(self.record_key),
+            "ordering_field": self.ordering_field,
+            "partition_by": list(self.partition_by),
+            "buckets": self.buckets,
+            "merge_mode": self.merge_mode,
+        }
+        for name, value in options.items():
+            if name in current and value not in (None, [], "") and value != current[name]:
+                raise InvalidOptionError(
+                    f"option {name}={value!r} differs from the table's {name}={current[name]!r}; "
+                    f"a table's {name} is fixed when it is created: drop the option or write to a new table"
+                )

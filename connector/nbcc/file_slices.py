@@ -1,0 +1,79 @@
+"""File slicing by completion time (RFC-66, "Pseudocode for File Slicing").
+
+Per file group, the barriers are the instants of its base files, newest first. A committed log file
+joins the slice of the greatest barrier below its *completion* time, so a log that started before
+a compaction but completed after it lands in the new slice and is never lost. A group (or the part
+of it older than every base file) with no base file takes the instant of its earliest-completed log
+as its barrier. Files whose instant has no completion time (pending or failed writes) belong to no
+slice and never decide a barrier, so they cannot hide committed files (Hudi #19774).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from .filenames import BaseFile, LogFile, parse_data_file
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    file_group_id: str
+    base_instant: str
+    base_file: str | None
+    log_files: list[str] = field(default_factory=list)  # in log order
+    partition: str = ""
+
+    def file_names(self) -> list[str]:
+        return ([self.base_file] if self.base_file else []) + list(self.log_files)
+
+
+def build_file_slices(
+    file_names: Iterable[str],
+    completion_times: Mapping[str, str | None],
+    partition: str = "",
+) -> dict[str, list[FileSlice]]:
+    """`{file_group_id: [FileSlice, ...]}` newest slice first, for the files of one partition.
+
+    `completion_times` maps instant -> completion time, or None for a pending or failed instant;
+    files of instants it does not know are treated as not committed.
+    """
+    bases: dict[str, list[BaseFile]] = defaultdict(list)
+    logs: dict[str, list[tuple[str, LogFile]]] = defaultdict(list)
+    for name in file_names:
+        f = parse_data_file(name)
+        completion = completion_times.get(f.instant)
+        if completion is None:
+            continue
+        if isinstance(f, BaseFile):
+            bases[f.file_group_id].append(f)
+        else:
+            logs[f.file_group_id].append((completion, f))
+
+    result: dict[str, list[FileSlice]] = {}
+    for fg in sorted(set(bases) | set(logs)):
+        barriers = sorted({b.instant for b in bases[fg]})  # ascending, for bisect
+        base_of = {b.instant: b.name for b in bases[fg]}
+        members: dict[str, list[LogFile]] = defaultdict(list)
+        older: list[tuple[str, LogFile]] = []  # completed before every base file
+        for completion, log in logs[fg]:
+            i = bisect.bisect_left(barriers, completion) - 1  # greatest barrier < completion
+            if i >= 0:
+                members[barriers[i]].append(log)
+            else:
+                older.append((completion, log))
+        slices = [
+            FileSlice(fg, b, base_of[b], _in_log_order(members[b]), partition) for b in barriers
+        ]
+        if older:
+            first = min(older, key=lambda cl: cl[0])[1]
+            slices.append(FileSlice(fg, first.instant, None, _in_log_order([l for _, l in older]), partition))
+        slices.sort(key=lambda s: s.base_instant, reverse=True)
+        result[fg] = slices
+    return result
+
+
+def _in_log_order(logs: list[LogFile]) -> list[str]:
+    return [l.name for l in sorted(logs, key=lambda l: l.order_key)]

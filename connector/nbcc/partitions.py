@@ -1,0 +1,73 @@
+"""Partitions: Hive-style folders (`col=value/...`) and the split of incoming rows into
+(partition, bucket) groups, each of which goes to one file group's log file.
+
+Values are percent-encoded (every byte but letters, digits and `-_.`), and a null value is the
+folder `__HIVE_DEFAULT_PARTITION__`, as in Hive and Spark. An unpartitioned table's partition
+path is "" (files live in the table root).
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+from urllib.parse import quote, unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .buckets import bucket_ids_for_columns
+
+NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _value_text(value: pa.Scalar) -> str:
+    if not value.is_valid:
+        return NULL_PARTITION
+    text = pc.cast(value, pa.string()).as_py() if not pa.types.is_string(value.type) else value.as_py()
+    return quote(text, safe="")
+
+
+def partition_path(columns: Sequence[str], values: Sequence[pa.Scalar]) -> str:
+    return "/".join(f"{c}={_value_text(v)}" for c, v in zip(columns, values))
+
+
+def parse_partition_path(path: str) -> dict[str, str | None]:
+    """`{column: value text}` of a partition path (None for the null partition)."""
+    out: dict[str, str | None] = {}
+    for part in filter(None, path.split("/")):
+        col, _, text = part.partition("=")
+        out[col] = None if text == NULL_PARTITION else unquote(text)
+    return out
+
+
+def split_rows(table: pa.Table, partition_by: Sequence[str], record_key: Sequence[str],
+               buckets: int) -> Iterator[tuple[str, int, pa.Table]]:
+    """Yield (partition path, bucket, rows) for every non-empty group; rows keep their order."""
+    n = table.num_rows
+    if n == 0:
+        return
+    bucket = bucket_ids_for_columns([table.column(k) for k in record_key], buckets).astype(np.int64)
+    part_index = np.zeros(n, dtype=np.int64)
+    part_values: list[pa.Array] = []
+    stride = 1
+    for col in reversed(partition_by):
+        enc = table.column(col).combine_chunks().dictionary_encode(null_encoding="encode")
+        codes = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        part_index += codes * stride
+        stride *= max(len(enc.dictionary), 1)
+        part_values.insert(0, enc.dictionary)
+    group = part_index * buckets + bucket
+    order = np.argsort(group, kind="stable")
+    sorted_group = group[order]
+    starts = np.flatnonzero(np.r_[True, sorted_group[1:] != sorted_group[:-1]])
+    ends = np.r_[starts[1:], n]
+    ordered = table.take(order)
+    for s, e in zip(starts, ends):
+        g = int(sorted_group[s])
+        pidx, b = divmod(g, buckets)
+        values = []
+        for dictionary in reversed(part_values):
+            size = max(len(dictionary), 1)
+            pidx, code = divmod(pidx, size)
+            values.insert(0, dictionary[code])
+        yield partition_path(partition_by, values), b, ordered.slice(s, e - s)

@@ -1,0 +1,207 @@
+"""Schemas: their JSON form in table.json and commit metadata, how incoming data is checked and
+conformed to a table's schema, and how the schema evolves.
+
+Evolution is additive: a write may add nullable columns; it may not drop a non-nullable column or
+change a column's type (lossless widenings such as int32 -> int64 are applied silently). Each
+commit records the schema it wrote; the table's current schema is table.json's schema plus the
+columns added by completed commits, in completion order. Older files read added columns as null.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import SchemaError
+
+META_PREFIX = "_nbcc_"
+COMMIT_TIME_COL = "_nbcc_commit_time"
+RECORD_KEY_COL = "_nbcc_record_key"
+IS_DELETED_COL = "_nbcc_is_deleted"
+META_FIELDS = [
+    pa.field(COMMIT_TIME_COL, pa.string(), nullable=False),
+    pa.field(RECORD_KEY_COL, pa.string(), nullable=False),
+    pa.field(IS_DELETED_COL, pa.bool_(), nullable=False),
+]
+
+# -- JSON form of Arrow types ------------------------------------------------------------------
+
+_SIMPLE = {str(t): t for t in (
+    pa.null(), pa.bool_(), pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(),
+    pa.uint32(), pa.uint64(), pa.float16(), pa.float32(), pa.float64(), pa.string(), pa.large_string(),
+    pa.binary(), pa.large_binary(), pa.date32(), pa.date64(),
+)}
+_TS = re.compile(r"^timestamp\[(s|ms|us|ns)(?:, tz=(.+))?\]$")
+_DEC = re.compile(r"^decimal(128|256)\((\d+), (-?\d+)\)$")
+_TIME = re.compile(r"^time(32|64)\[(s|ms|us|ns)\]$")
+_DUR = re.compile(r"^duration\[(s|ms|us|ns)\]$")
+_FSB = re.compile(r"^fixed_size_binary\[(\d+)\]$")
+
+
+def type_to_json(t: pa.DataType) -> Any:
+    if pa.types.is_struct(t):
+        return {"struct": [field_to_json(t.field(i)) for i in range(t.num_fields)]}
+    if pa.types.is_map(t):
+        return {"map": [field_to_json(t.key_field), field_to_json(t.item_field)]}
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return {"large_list" if pa.types.is_large_list(t) else "list": field_to_json(t.value_field)}
+    text = str(t)
+    if text in _SIMPLE or any(p.match(text) for p in (_TS, _DEC, _TIME, _DUR, _FSB)):
+        return text
+    raise SchemaError(f"column type {t} is not supported by nbcc")
+
+
+def type_from_json(j: Any) -> pa.DataType:
+    if isinstance(j, dict):
+        if "struct" in j:
+            return pa.struct([field_from_json(f) for f in j["struct"]])
+        if "map" in j:
+            k, v = (field_from_json(f) for f in j["map"])
+            return pa.map_(k, v)
+        if "list" in j:
+            return pa.list_(field_from_json(j["list"]))
+        if "large_list" in j:
+            return pa.large_list(field_from_json(j["large_list"]))
+    elif isinstance(j, str):
+        if j in _SIMPLE:
+            return _SIMPLE[j]
+        if m := _TS.match(j):
+            return pa.timestamp(m.group(1), tz=m.group(2))
+        if m := _DEC.match(j):
+            ctor = pa.decimal128 if m.group(1) == "128" else pa.decimal256
+            return ctor(int(m.group(2)), int(m.group(3)))
+        if m := _TIME.match(j):
+            return (pa.time32 if m.group(1) == "32" else pa.time64)(m.group(2))
+        if m := _DUR.match(j):
+            return pa.duration(m.group(1))
+        if m := _FSB.match(j):
+            return pa.binary(int(m.group(1)))
+    raise SchemaError(f"unknown column type {j!r} in table metadata")
+
+
+def field_to_json(f: pa.Field) -> dict[str, Any]:
+    return {"name": f.name, "type": type_to_json(f.type), "nullable": f.nullable}
+
+
+def field_from_json(j: dict[str, Any]) -> pa.Field:
+    return pa.field(j["name"], type_from_json(j["type"]), nullable=bool(j.get("nullable", True)))
+
+
+def schema_to_json(schema: pa.Schema) -> list[dict[str, Any]]:
+    return [field_to_json(f) for f in schema]
+
+
+def schema_from_json(j: list[dict[str, Any]]) -> pa.Schema:
+    return pa.schema([field_from_json(f) for f in j])
+
+
+# -- compatibility -----------------------------------------------------------------------------
+
+def _widens(src: pa.DataType, dst: pa.DataType) -> bool:
+    """Can `src` values be stored in a `dst` column without loss?"""
+    if src.equals(dst):
+        return True
+    if pa.types.is_timestamp(src) and pa.types.is_timestamp(dst):
+        return src.unit == dst.unit or _UNIT_RANK[src.unit] < _UNIT_RANK[dst.unit]
+    pairs = (
+        (pa.types.is_signed_integer, pa.types.is_signed_integer),
+        (pa.types.is_unsigned_integer, pa.types.is_unsigned_integer),
+        (pa.types.is_floating, pa.types.is_floating),
+    )
+    for is_src, is_dst in pairs:
+        if is_src(src) and is_dst(dst):
+            return src.bit_width <= dst.bit_width
+    strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    if any(f(src) for f in strings) and any(f(dst) for f in strings):
+        return True
+    if (pa.types.is_struct(src) and pa.types.is_struct(dst)) or (
+            pa.types.is_list(src) and pa.types.is_list(dst)) or (
+            pa.types.is_map(src) and pa.types.is_map(dst)):
+        # Nested types must match field for field; Arrow's cast checks the details.
+        return _nested_equal_ignoring_nullability(src, dst)
+    return False
+
+
+def _nested_equal_ignoring_nullability(a: pa.DataType, b: pa.DataType) -> bool:
+    def norm(t: pa.DataType) -> Any:
+        if pa.types.is_struct(t):
+            return ("struct", tuple((t.field(i).name, norm(t.field(i).type)) for i in range(t.num_fields)))
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            return ("list", norm(t.value_type))
+        if pa.types.is_map(t):
+            return ("map", norm(t.key_type), norm(t.item_type))
+        if pa.types.is_timestamp(t):
+            return ("timestamp", t.unit)
+        if pa.types.is_string(t) or pa.types.is_large_string(t):
+            return "string"
+        return str(t)
+    return norm(a) == norm(b)
+
+
+_UNIT_RANK = {"s": 0, "ms": 1, "us": 2, "ns": 3}
+
+
+def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, allow_missing: bool = False
+                  ) -> pa.Schema:
+    """The table schema after writing data of schema `incoming`, or SchemaError.
+
+    `allow_missing` is for delete batches, which carry only keys (and partition values).
+    """
+    problems = []
+    for f in table_schema:
+        idx = incoming.get_field_index(f.name)
+        if idx < 0:
+            if not f.nullable and not allow_missing:
+                problems.append(f"column {f.name!r} ({f.type}, not nullable) is missing from the data")
+            continue
+        src = incoming.field(idx).type
+        if not _widens(src, f.type):
+            problems.append(
+                f"column {f.name!r} has type {src} in the data but {f.type} in the table; "
+                f"cast it to {f.type} before writing"
+            )
+    if problems:
+        raise SchemaError("data does not fit the table schema: " + "; ".join(problems))
+    added = [f.with_nullable(True) for f in incoming
+             if f.name not in table_schema.names and f.name != IS_DELETED_COL]
+    reserved = [f.name for f in added if f.name.startswith(META_PREFIX)]
+    if reserved:
+        raise SchemaError(f"column name(s) {reserved} use the reserved prefix {META_PREFIX!r}; drop or rename them")
+    return pa.schema(list(table_schema) + added) if added else table_schema
+
+
+def merge_added_columns(base: pa.Schema, later: Iterable[pa.Schema]) -> pa.Schema:
+    """table.json's schema plus the columns each later commit added, in commit order."""
+    fields = list(base)
+    names = set(base.names)
+    for s in later:
+        for f in s:
+            if f.name not in names:
+                fields.append(f.with_nullable(True))
+                names.add(f.name)
+    return pa.schema(fields)
+
+
+def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
+    """`batch`'s columns in `schema`'s order and types; absent columns become nulls.
+    Fields are nullable in the result: delete markers carry nulls in data columns."""
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    cols = []
+    for f in schema:
+        idx = table.schema.get_field_index(f.name)
+        if idx < 0:
+            cols.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table.column(idx)
+        if not col.type.equals(f.type):
+            col = pc.cast(col, f.type, safe=True)
+        cols.append(col)
+    return pa.Table.from_arrays(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))
+
+
+def file_schema(table_schema: pa.Schema) -> pa.Schema:
+    """The Parquet schema of a log or base file: data columns (nullable) plus meta columns."""
+    return pa.schema([f.with_nullable(True) for f in table_schema] + META_FIELDS)

@@ -1,0 +1,192 @@
+"""`nbcc.Table`: the Python API over the core (create, open, write, read, timeline, slices)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+import pyarrow as pa
+
+from .clock import TimeGenerator
+from .commit import WriteTransaction
+from .config import (
+    DEFAULT_BUCKETS,
+    DEFAULT_LOCK_LEASE_MS,
+    DELETE,
+    OPERATIONS,
+    TABLE_CONFIG_PATH,
+    UPSERT,
+    TableConfig,
+)
+from .errors import InvalidOptionError, TableExistsError, TableNotFoundError
+from .file_slices import FileSlice
+from .filenames import make_token
+from .reader import Snapshot, plan_snapshot, read_slices
+from .schema import evolve_schema
+from .storage import Storage
+from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
+from .writer import LogWriter, check_values, prepare
+
+Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
+
+
+class Table:
+    """An nbcc table at a URI. Cheap to construct; every read plans from a fresh timeline."""
+
+    def __init__(self, storage: Storage, config: TableConfig):
+        self.storage = storage
+        self.config = config
+        self.clock = TimeGenerator(storage, lease_ms=config.lock_lease_ms)
+
+    # -- opening -----------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, uri: str, schema: pa.Schema, record_key: str | Sequence[str] | None, *,
+               ordering_field: str | None = None, partition_by: str | Sequence[str] = (),
+               buckets: int = DEFAULT_BUCKETS, merge_mode: str | None = None,
+               storage_options: Mapping[str, Any] | None = None,
+               lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS) -> "Table":
+        """Create a table; TableExistsError if the URI already holds one."""
+        config = TableConfig.build(schema, record_key, ordering_field=ordering_field,
+                                   partition_by=partition_by, buckets=buckets, merge_mode=merge_mode,
+                                   lock_lease_ms=lock_lease_ms)
+        storage = Storage(uri, dict(storage_options or {}))
+        if not storage.put_if_absent(TABLE_CONFIG_PATH, config.to_json()):
+            raise TableExistsError(f"{uri} already holds an nbcc table; open it with nbcc.Table.open")
+        return cls(storage, config)
+
+    @classmethod
+    def open(cls, uri: str, storage_options: Mapping[str, Any] | None = None) -> "Table":
+        storage = Storage(uri, dict(storage_options or {}))
+        try:
+            raw = storage.read_bytes(TABLE_CONFIG_PATH)
+        except FileNotFoundError:
+            raise TableNotFoundError(
+                f"{uri} is not an nbcc table (no {TABLE_CONFIG_PATH}); create it with nbcc.Table.create "
+                "or by a first write with the record_key option"
+            ) from None
+        return cls(storage, TableConfig.from_json(raw))
+
+    @classmethod
+    def open_or_create(cls, uri: str, schema: pa.Schema, storage_options: Mapping[str, Any] | None = None,
+                       **table_options: Any) -> "Table":
+        """Open the table at `uri`, creating it from `schema` and `table_options` if it does not
+        exist (a first write). Options given for an existing table must match it."""
+        try:
+            table = cls.open(uri, storage_options)
+        except TableNotFoundError:
+            try:
+                return cls.create(uri, schema, table_options.pop("record_key", None),
+                                  storage_options=storage_options, **table_options)
+            except TableExistsError:  # another first writer won the race
+                table = cls.open(uri, storage_options)
+        table.config.check_options(table_options)
+        return table
+
+    @property
+    def uri(self) -> str:
+        return self.storage.uri
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False
+                    ) -> WriteTransaction:
+        """Check `incoming_schema` and start an instant (the first half of a write; used by the
+        Spark connector, whose tasks write the files)."""
+        if operation not in OPERATIONS:
+            raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
+        if operation == DELETE and overwrite:
+            raise InvalidOptionError("operation=delete cannot be combined with overwrite mode")
+        current = self.schema()
+        missing = [c for c in self.config.record_key + self.config.partition_by if c not in incoming_schema.names]
+        if missing:
+            raise InvalidOptionError(
+                f"the data lacks record key / partition column(s) {missing}; every row needs them"
+            )
+        new_schema = evolve_schema(current, incoming_schema, allow_missing=operation == DELETE)
+        txn = WriteTransaction(
+            self.storage, self.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
+            "overwrite" if overwrite else operation, new_schema,
+            added_columns=[n for n in new_schema.names if n not in current.names],
+        )
+        txn.begin()
+        return txn
+
+    def log_writer(self, txn: WriteTransaction, token: str, max_log_file_bytes: int | None = None) -> LogWriter:
+        return LogWriter(self.storage, self.config, txn.schema, txn.instant, token, max_log_file_bytes)
+
+    def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
+              max_log_file_bytes: int | None = None) -> str:
+        """Write `data` as one commit; returns its instant.
+
+        `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key) or
+        "delete" (the rows' keys are deleted). `mode="overwrite"` replaces the table's contents.
+        Bad data raises before anything is written when `data` is a Table; a stream that turns
+        bad part-way leaves its instant inflight with none of its rows visible."""
+        if mode not in ("append", "overwrite"):
+            raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
+        schema, batches = _as_batches(data)
+        materialized = isinstance(data, (pa.Table, pa.RecordBatch))
+        if materialized:  # check values up front: a bad table writes nothing at all
+            current = self.schema()
+            evolve_schema(current, schema, allow_missing=operation == DELETE)
+            whole = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
+            check_values(whole, self.config, current, operation)
+        txn = self.begin_write(schema, operation, overwrite=mode == "overwrite")
+        writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
+        for batch in batches:
+            if batch.num_rows:
+                writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
+        txn.commit(writer.close())
+        return txn.instant
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        return plan_snapshot(self.storage, self.config)
+
+    def schema(self) -> pa.Schema:
+        """The current schema: the created one plus columns that completed commits added."""
+        return self.snapshot().schema
+
+    def read(self) -> pa.Table:
+        """The merged snapshot: one row per live record key."""
+        snap = self.snapshot()
+        parts = list(read_slices(self.storage, self.config, snap))
+        return pa.concat_tables(parts) if parts else snap.schema.empty_table()
+
+    def timeline(self) -> list[Instant]:
+        """Every instant on the timeline, oldest first."""
+        return list(Timeline.load(self.storage).instants)
+
+    def file_slices(self) -> list[FileSlice]:
+        """The latest file slice of every file group, by partition and file group."""
+        return list(self.snapshot().slices)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"Table({self.uri!r}, record_key={list(c.record_key)}, ordering_field={c.ordering_field!r}, "
+                f"partition_by={list(c.partition_by)}, buckets={c.buckets}, merge_mode={c.merge_mode!r})")
+
+
+def _as_batches(data: Data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches())
+    if isinstance(data, pa.RecordBatch):
+        return data.schema, iter([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    batches = iter(data)
+    try:
+        first = next(batches)
+    except StopIteration:
+        raise InvalidOptionError("no data to write: the iterable of record batches is empty") from None
+    if not isinstance(first, pa.RecordBatch):
+        raise InvalidOptionError(
+            f"data must be a pyarrow Table, RecordBatch, RecordBatchReader or iterable of RecordBatch; "
+            f"got {type(first).__name__}"
+        )
+
+    def chain() -> Iterator[pa.RecordBatch]:
+        yield first
+        yield from batches
+    return first.schema, chain()

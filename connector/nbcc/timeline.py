@@ -1,0 +1,157 @@
+"""The timeline: one file per instant state under `.nbcc/timeline/`.
+
+    <instant>.<action>.requested     a write has started (holds a small JSON description)
+    <instant>.<action>.inflight      it is writing files
+    <instant>_<completion>.<action>  it completed; holds the commit metadata (JSON)
+
+An instant is committed if and only if its completed file exists: that file is created with
+put-if-absent under the table lock, and nothing else makes data visible. Readers build what they
+see from one listing of this folder, never from listing data folders.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .clock import TIME_LEN
+from .errors import CommitError
+from .storage import Storage
+
+TIMELINE_DIR = ".nbcc/timeline"
+
+DELTA_COMMIT = "deltacommit"  # upserts and deletes: log files
+REPLACE_COMMIT = "replacecommit"  # overwrite: hides everything that completed before it
+ACTIONS = (DELTA_COMMIT, REPLACE_COMMIT)
+
+REQUESTED, INFLIGHT, COMPLETED = "requested", "inflight", "completed"
+_STATE_RANK = {REQUESTED: 0, INFLIGHT: 1, COMPLETED: 2}
+
+
+@dataclass(frozen=True)
+class Instant:
+    instant: str
+    action: str
+    state: str
+    completion: str | None = None
+
+    @property
+    def is_completed(self) -> bool:
+        return self.state == COMPLETED
+
+    @property
+    def file_name(self) -> str:
+        if self.state == COMPLETED:
+            return f"{self.instant}_{self.completion}.{self.action}"
+        return f"{self.instant}.{self.action}.{self.state}"
+
+
+def parse_instant_file(name: str) -> Instant | None:
+    """The Instant a timeline file name stands for, or None for names that are not instants."""
+    parts = name.split(".")
+    if len(parts) == 3 and parts[2] in (REQUESTED, INFLIGHT):
+        instant, action, state = parts
+        if len(instant) == TIME_LEN and instant.isdigit():
+            return Instant(instant, action, state)
+        return None
+    if len(parts) == 2:
+        times, action = parts
+        instant, sep, completion = times.partition("_")
+        if sep and len(instant) == TIME_LEN and len(completion) == TIME_LEN and (instant + completion).isdigit():
+            return Instant(instant, action, COMPLETED, completion)
+    return None
+
+
+class Timeline:
+    """One consistent listing of the timeline: the latest state of each instant, oldest first."""
+
+    def __init__(self, instants: Iterable[Instant]):
+        best: dict[str, Instant] = {}
+        for it in instants:
+            cur = best.get(it.instant)
+            if cur is None or _STATE_RANK[it.state] > _STATE_RANK[cur.state]:
+                best[it.instant] = it
+        self.instants: list[Instant] = sorted(best.values(), key=lambda i: i.instant)
+
+    @classmethod
+    def load(cls, storage: Storage) -> "Timeline":
+        parsed = (parse_instant_file(n) for n in storage.list_names(TIMELINE_DIR))
+        return cls(i for i in parsed if i is not None)
+
+    def completed(self) -> list[Instant]:
+        """Completed instants in completion order (the order commits became visible)."""
+        return sorted((i for i in self.instants if i.is_completed), key=lambda i: i.completion)
+
+    def pending(self) -> list[Instant]:
+        return [i for i in self.instants if not i.is_completed]
+
+    def completion_times(self) -> dict[str, str | None]:
+        """instant -> completion time, None for pending ones (what file slicing takes)."""
+        return {i.instant: i.completion for i in self.instants}
+
+    def get(self, instant: str) -> Instant | None:
+        for i in self.instants:
+            if i.instant == instant:
+                return i
+        return None
+
+    def latest_completion(self) -> str | None:
+        done = self.completed()
+        return done[-1].completion if done else None
+
+
+# -- commit metadata (immutable once written, so cached by file name) --------------------------
+
+_CACHE: "OrderedDict[tuple[str, str], dict[str, Any]]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 20_000
+
+
+def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
+    if not instant.is_completed:
+        raise CommitError(f"instant {instant.instant} is {instant.state}; only completed instants have metadata")
+    key = (storage.uri, instant.file_name)
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant.file_name}"))
+    with _CACHE_LOCK:
+        _CACHE[key] = meta
+        if len(_CACHE) > _CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return meta
+
+
+# -- writing the instant lifecycle -------------------------------------------------------------
+
+def _json(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
+
+
+def create_requested(storage: Storage, instant: str, action: str, info: dict[str, Any]) -> None:
+    if not storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{action}.{REQUESTED}", _json(info)):
+        raise CommitError(f"instant {instant} already exists on the timeline")
+
+
+def create_inflight(storage: Storage, instant: str, action: str, info: dict[str, Any]) -> None:
+    if not storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{action}.{INFLIGHT}", _json(info)):
+        raise CommitError(f"instant {instant} is already inflight")
+
+
+def create_completed(storage: Storage, instant: str, completion: str, action: str,
+                     metadata: dict[str, Any]) -> None:
+    """Publish a commit. Must run under the table lock that issued `completion`."""
+    name = f"{instant}_{completion}.{action}"
+    if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata)):
+        raise CommitError(f"instant {instant} is already completed")
+
+
+def remove_pending_files(storage: Storage, instant: str, action: str) -> None:
+    """After completion (or rollback) the requested/inflight files are no longer needed."""
+    for state in (INFLIGHT, REQUESTED):
+        storage.delete(f"{TIMELINE_DIR}/{instant}.{action}.{state}")

@@ -1,0 +1,187 @@
+"""Writing log files: check and conform incoming batches, split them by (partition, bucket), and
+append them to one log file per file group, rolling over to a new version past
+`max_log_file_bytes`. One `LogWriter` serves one writer (one token) of one instant: a Spark task,
+or the Python API. Committing what it wrote is `commit.py`'s job.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import decimal
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from .buckets import file_group_id
+from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
+from .errors import SchemaError
+from .filenames import log_file_name
+from .partitions import split_rows
+from .schema import COMMIT_TIME_COL, IS_DELETED_COL, RECORD_KEY_COL, conform, file_schema
+from .storage import Storage
+
+# Spark hands over 10k-row batches; buffer them so that row groups are big enough to read fast.
+ROW_GROUP_ROWS = 256 * 1024
+ROW_GROUP_BYTES = 64 * 1024 * 1024
+COMPRESSION = "zstd"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, (decimal.Decimal, bytes)):
+        return str(value)
+    return value
+
+
+def _constant_strings(value: str, n: int) -> pa.Array:
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value])).cast(pa.string())
+
+
+def record_key_strings(table: pa.Table, record_key: Sequence[str]) -> pa.ChunkedArray | pa.Array:
+    """`_nbcc_record_key`: the key as it is hashed; `f1:v1,f2:v2` for composite keys (Hudi's form)."""
+    texts = [pc.cast(table.column(k), pa.string()) for k in record_key]
+    if len(texts) == 1:
+        return texts[0]
+    parts: list[Any] = []
+    for i, (name, text) in enumerate(zip(record_key, texts)):
+        parts += [pa.scalar(("," if i else "") + f"{name}:"), text]
+    return pc.binary_join_element_wise(*parts, "")
+
+
+def check_values(batch: pa.Table, config: TableConfig, table_schema: pa.Schema, operation: str) -> None:
+    """Value checks that the schema cannot express. Raises SchemaError; vectorized."""
+    for k in config.record_key:
+        nulls = batch.column(k).null_count
+        if nulls:
+            raise SchemaError(f"record key column {k!r} has {nulls} null value(s); every record needs a key")
+    if operation == DELETE:
+        return
+    live = None
+    if IS_DELETED_COL in batch.column_names:
+        live = pc.invert(batch.column(IS_DELETED_COL).fill_null(False))
+    if config.ordering_field:
+        col = batch.column(config.ordering_field)
+        nulls = col.null_count if live is None else pc.sum(pc.and_(col.is_null(), live)).as_py() or 0
+        if nulls:
+            raise SchemaError(
+                f"ordering_field {config.ordering_field!r} has {nulls} null value(s) in rows to upsert; "
+                "fill them (only deletes may leave it null)"
+            )
+    for f in table_schema:
+        if not f.nullable and f.name in batch.column_names and batch.column(f.name).null_count:
+            raise SchemaError(f"column {f.name!r} is not nullable but the data has "
+                              f"{batch.column(f.name).null_count} null value(s)")
+
+
+def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema: pa.Schema,
+            operation: str, instant: str) -> pa.Table:
+    """Checked rows in the file schema: table columns (absent ones null) plus meta columns."""
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    check_values(table, config, table_schema, operation)
+    n = table.num_rows
+    if operation == DELETE:
+        deleted = pa.array(np.ones(n, dtype=bool))
+    elif IS_DELETED_COL in table.column_names:
+        deleted = pc.cast(table.column(IS_DELETED_COL), pa.bool_()).fill_null(False)
+    else:
+        deleted = pa.array(np.zeros(n, dtype=bool))
+    data = conform(table, table_schema)
+    return (data.append_column(COMMIT_TIME_COL, _constant_strings(instant, n))
+                .append_column(RECORD_KEY_COL, record_key_strings(table, config.record_key))
+                .append_column(IS_DELETED_COL, deleted)
+                .cast(file_schema(table_schema)))
+
+
+@dataclass
+class _OpenLog:
+    partition: str
+    file_group: str
+    version: int
+    pending: list[pa.Table] = field(default_factory=list)
+    pending_rows: int = 0
+    pending_bytes: int = 0
+    sink: Any = None
+    writer: pq.ParquetWriter | None = None
+    name: str = ""
+    rows: int = 0
+    ordering: list[tuple[Any, Any]] = field(default_factory=list)
+
+
+class LogWriter:
+    """Appends prepared rows to the log files of one (instant, token)."""
+
+    def __init__(self, storage: Storage, config: TableConfig, table_schema: pa.Schema, instant: str,
+                 token: str, max_log_file_bytes: int | None = None):
+        self.storage = storage
+        self.config = config
+        self.schema = file_schema(table_schema)
+        self.instant = instant
+        self.token = token
+        self.max_bytes = int(max_log_file_bytes or DEFAULT_MAX_LOG_FILE_BYTES)
+        self.row_group_bytes = min(ROW_GROUP_BYTES, max(self.max_bytes // 4, 1))
+        self._open: dict[tuple[str, int], _OpenLog] = {}
+        self.files: list[dict[str, Any]] = []
+
+    def write(self, rows: pa.Table) -> None:
+        for partition, bucket, group in split_rows(rows, self.config.partition_by, self.config.record_key,
+                                                   self.config.buckets):
+            log = self._open.get((partition, bucket))
+            if log is None:
+                log = self._open[(partition, bucket)] = _OpenLog(partition, file_group_id(bucket), 1)
+            log.pending.append(group)
+            log.pending_rows += group.num_rows
+            log.pending_bytes += group.nbytes
+            if log.pending_rows >= ROW_GROUP_ROWS or log.pending_bytes >= self.row_group_bytes:
+                self._flush(log)
+
+    def _flush(self, log: _OpenLog) -> None:
+        if not log.pending:
+            return
+        chunk = pa.concat_tables(log.pending)
+        log.pending, log.pending_rows, log.pending_bytes = [], 0, 0
+        if log.writer is None:
+            log.name = log_file_name(log.file_group, self.instant, log.version, self.token)
+            path = f"{log.partition}/{log.name}" if log.partition else log.name
+            log.sink = self.storage.open_write(path)
+            log.writer = pq.ParquetWriter(log.sink, self.schema, compression=COMPRESSION)
+        log.writer.write_table(chunk, row_group_size=max(chunk.num_rows, 1))
+        log.rows += chunk.num_rows
+        if self.config.ordering_field:
+            mm = pc.min_max(chunk.column(self.config.ordering_field))
+            log.ordering.append((mm["min"].as_py(), mm["max"].as_py()))
+        if log.sink.tell() >= self.max_bytes:
+            self._close_file(log)
+            log.version += 1
+
+    def _close_file(self, log: _OpenLog) -> None:
+        if log.writer is None:
+            return
+        log.writer.close()
+        size = log.sink.tell()
+        log.sink.close()
+        info: dict[str, Any] = {
+            "partition": log.partition,
+            "file_group": log.file_group,
+            "name": log.name,
+            "rows": log.rows,
+            "bytes": size,
+        }
+        values = [v for pair in log.ordering for v in pair if v is not None]
+        if values:
+            info["ordering_min"] = _jsonable(min(values))
+            info["ordering_max"] = _jsonable(max(values))
+        self.files.append(info)
+        log.writer, log.sink, log.rows, log.ordering = None, None, 0, []
+
+    def close(self) -> list[dict[str, Any]]:
+        """Flush and close every file; returns what was written (for the commit metadata)."""
+        for log in self._open.values():
+            self._flush(log)
+            self._close_file(log)
+        self._open.clear()
+        return self.files
