@@ -112,6 +112,13 @@ class TimeGenerator:
         self.stats = LockStats()
         self._stats_lock = threading.Lock()
 
+    # Pickled into Spark's commit worker: locks and counters are per process.
+    def __getstate__(self) -> dict:
+        return {"storage": self.storage, "lease_ms": self.lease_ms, "timeout_ms": self.timeout_ms}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["storage"], state["lease_ms"], state["timeout_ms"])
+
     # -- the register ----------------------------------------------------------------------
 
     def _read_state(self) -> LockState:

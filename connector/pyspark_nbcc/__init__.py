@@ -1,0 +1,10 @@
+"""PySpark connector for nbcc tables.
+
+Installing the package is enough: Spark finds `DefaultSource` in this `pyspark_*` module and
+registers it as `nbcc`, so `spark.read.format("nbcc")` and `df.write.format("nbcc")` just work.
+"""
+
+from .helpers import options_from_conf, repartition_by_bucket
+from .source import DefaultSource
+
+__all__ = ["DefaultSource", "options_from_conf", "repartition_by_bucket"]

@@ -1,0 +1,60 @@
+"""Helpers for Spark jobs that write nbcc tables."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import IntegerType, StructField, StructType
+
+from nbcc import Table
+from nbcc.buckets import bucket_ids_for_columns
+from nbcc.config import DEFAULT_BUCKETS
+from nbcc.errors import InvalidOptionError, TableNotFoundError
+
+CONF_PREFIX = "spark.nbcc."
+_BUCKET_COL = "_nbcc_bucket"
+
+
+def options_from_conf(spark: SparkSession, prefix: str = CONF_PREFIX) -> dict[str, str]:
+    """`spark.nbcc.<option>` session confs as data source options (`<option>` -> value).
+
+    A Python data source never sees `--conf` values, only `.option()` ones; a job calls this on
+    the driver and passes the result to `.options(**...)`."""
+    return {k[len(prefix):]: v for k, v in spark.conf.getAll.items() if k.startswith(prefix) and len(k) > len(prefix)}
+
+
+def repartition_by_bucket(df: DataFrame, *, record_key: str | Sequence[str] | None = None,
+                          buckets: int | None = None, partition_by: str | Sequence[str] | None = None,
+                          path: str | None = None, storage_options: dict[str, Any] | None = None,
+                          num_partitions: int | None = None) -> DataFrame:
+    """`df` repartitioned so that every (table partition, bucket) is in exactly one Spark
+    partition: a write then makes one log file per bucket (plus rollovers), not one per task.
+
+    The table layout comes from the table at `path` if it exists, else from the arguments."""
+    if path is not None:
+        try:
+            cfg = Table.open(path, storage_options).config
+            record_key = record_key or list(cfg.record_key)
+            buckets = buckets or cfg.buckets
+            partition_by = partition_by if partition_by is not None else list(cfg.partition_by)
+        except TableNotFoundError:
+            pass
+    keys = [record_key] if isinstance(record_key, str) else list(record_key or [])
+    keys = [k.strip() for key in keys for k in key.split(",") if k.strip()]
+    if not keys:
+        raise InvalidOptionError("repartition_by_bucket needs record_key (or the path of an existing table)")
+    parts = [partition_by] if isinstance(partition_by, str) else list(partition_by or [])
+    parts = [p.strip() for part in parts for p in part.split(",") if p.strip()]
+    n_buckets = int(buckets or DEFAULT_BUCKETS)
+
+    def add_bucket(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            ids = bucket_ids_for_columns([batch.column(k) for k in keys], n_buckets)
+            yield batch.append_column(_BUCKET_COL, pa.array(ids, pa.int32()))
+
+    schema = StructType(df.schema.fields + [StructField(_BUCKET_COL, IntegerType(), False)])
+    with_bucket = df.mapInArrow(add_bucket, schema)
+    n = num_partitions or n_buckets
+    return with_bucket.repartition(n, *parts, _BUCKET_COL).drop(_BUCKET_COL)
