@@ -17,6 +17,15 @@ CONF_PREFIX = "spark.nbcc."
 _BUCKET_COL = "_nbcc_bucket"
 
 
+def set_active_session(spark: SparkSession) -> None:
+    """Make `spark` the JVM's active session in the calling thread.
+
+    Spark finds Python data sources through the JVM's active session, which is per thread; in a
+    thread started by the job (threading.Thread), `format("nbcc")` then fails with
+    DATA_SOURCE_NOT_FOUND. Call this first in such a thread. (Measured with pyspark 4.3.)"""
+    spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
 def options_from_conf(spark: SparkSession, prefix: str = CONF_PREFIX) -> dict[str, str]:
     """`spark.nbcc.<option>` session confs as data source options (`<option>` -> value).
 
