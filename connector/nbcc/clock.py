@@ -18,6 +18,7 @@ RFC-66 needs those two steps to be atomic with respect to compaction scheduling.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import socket
@@ -31,6 +32,8 @@ from typing import Iterator
 
 from .errors import InvalidOptionError, LockLostError, LockTimeoutError
 from .storage import Storage
+
+log = logging.getLogger(__name__)
 
 LOCK_DIR = ".nbcc/lock"
 _KEEP_STATES = 8  # older state files are garbage; keep a few for debugging
@@ -203,8 +206,13 @@ class TimeGenerator:
             hold_ms = (time.monotonic() - grant._acquired_mono) * 1000
             released = LockState(state.seq + 1, None, 0, state.last_time_ms)
             # Failing to release means our lease ran out and someone took over: nothing to undo.
-            if self._swap(released):
-                self._collect(released.seq)
+            # A storage error here must not fail a commit that is already published: the lease
+            # runs out and the next writer takes over.
+            try:
+                if self._swap(released):
+                    self._collect(released.seq)
+            except Exception as exc:  # noqa: BLE001
+                log.warning("releasing the table lock failed (it expires with its lease): %s", exc)
             with self._stats_lock:
                 s = self.stats
                 s.acquisitions += 1

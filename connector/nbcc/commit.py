@@ -12,6 +12,7 @@ two to be atomic). No conflict check runs: writers of different instants never c
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -33,6 +34,8 @@ from .timeline import (
     read_commit_metadata,
     remove_pending_files,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -61,8 +64,6 @@ class WriteTransaction:
             parsed = parse_data_file(f["name"])
             if not isinstance(parsed, LogFile) or parsed.instant != self.instant:
                 raise CommitError(f"file {f['name']} does not belong to instant {self.instant}")
-        if self.added_columns:
-            self._check_added_columns()
         metadata = {
             "instant": self.instant,
             "action": self.action,
@@ -74,11 +75,18 @@ class WriteTransaction:
             **(extra or {}),
         }
         with self.clock.locked() as grant:
+            if self.added_columns:  # under the lock: no commit can slip in between
+                self._check_added_columns()
             metadata["lock_wait_ms"] = round(grant.wait_ms, 3)
             grant.check()
             create_completed(self.storage, self.instant, grant.time, self.action, metadata)
             completion = grant.time
-        remove_pending_files(self.storage, self.instant, self.action)
+        # The commit is published: what follows is tidying, and must never fail the write
+        # (a failure here would make Spark call abort on a committed instant).
+        try:
+            remove_pending_files(self.storage, self.instant, self.action)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("commit %s completed; removing its pending files failed: %s", self.instant, exc)
         return completion
 
     def _check_added_columns(self) -> None:
@@ -98,6 +106,12 @@ class WriteTransaction:
 
         `files` are those known to be written; every partition in `partitions` is also listed
         for files of this instant that a failed task left without reporting them."""
+        done = Timeline.load(self.storage).get(self.instant)
+        if done is not None and done.is_completed:
+            # Never undo a published commit (Hudi HUDI-5675): e.g. the completed file was
+            # created but the client saw an error, or tidying after completion failed.
+            log.warning("not rolling back %s: it is completed", self.instant)
+            return
         doomed = {(f["partition"], f["name"]) for f in files}
         for part in set(partitions) | {p for p, _ in doomed}:
             for name in self.storage.list_names(part):

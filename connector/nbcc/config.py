@@ -162,7 +162,7 @@ class TableConfig:
         if mode == EVENT_TIME and not ordering_field:
             raise SchemaError("merge_mode event_time needs an ordering_field: name the column whose greatest value wins")
         buckets = _positive_int("buckets")(buckets)
-        # Record keys and partition values must never be null.
+        # Record keys are never null (a null partition value goes to __HIVE_DEFAULT_PARTITION__).
         fields = [f.with_nullable(False) if f.name in keys else f for f in schema]
         return cls(pa.schema(fields), keys, ordering_field, tuple(_names(partition_by)), buckets, mode,
                    int(lock_lease_ms))

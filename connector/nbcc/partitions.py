@@ -1,7 +1,7 @@
 """Partitions: Hive-style folders (`col=value/...`) and the split of incoming rows into
 (partition, bucket) groups, each of which goes to one file group's log file.
 
-Values are percent-encoded (every byte but letters, digits and `-_.`), and a null value is the
+Values are percent-encoded (every byte but letters, digits and `-_.~`, as `urllib.parse.quote`), and a null value is the
 folder `__HIVE_DEFAULT_PARTITION__`, as in Hive and Spark. An unpartitioned table's partition
 path is "" (files live in the table root).
 """

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -163,6 +164,9 @@ class LogWriter:
             return
         log.writer.close()
         size = log.sink.tell()
+        if hasattr(log.sink, "fileno"):  # local disk: durable before any commit points at it
+            log.sink.flush()
+            os.fsync(log.sink.fileno())
         log.sink.close()
         info: dict[str, Any] = {
             "partition": log.partition,
