@@ -159,12 +159,13 @@ class TimeGenerator:
             for s in old:
                 self.storage.delete(f"{LOCK_DIR}/{s:020d}.json")
 
-    def _acquire(self, take: bool) -> tuple[LockState, float]:
+    def _acquire(self, take: bool) -> tuple[LockState, float, float]:
         """CAS from a free state to one that issued a new time (and holds the lock if `take`)."""
         start = time.monotonic()
         attempt = 0
         while True:
             state = self._read_state()
+            lease_start = time.monotonic()  # the lease counts from here, not from the swap's end
             now = _now_ms()
             if state.is_free(now):
                 issued = max(now, state.last_time_ms + 1)
@@ -175,7 +176,7 @@ class TimeGenerator:
                     last_time_ms=issued,
                 )
                 if self._swap(new):
-                    return new, (time.monotonic() - start) * 1000
+                    return new, (time.monotonic() - start) * 1000, lease_start
                 with self._stats_lock:
                     self.stats.cas_conflicts += 1
             waited_ms = (time.monotonic() - start) * 1000
@@ -192,14 +193,14 @@ class TimeGenerator:
 
     def new_instant(self) -> str:
         """A new instant time, greater than every time issued before for this table."""
-        state, _ = self._acquire(take=False)
+        state, _, _ = self._acquire(take=False)
         return format_time(state.last_time_ms)
 
     @contextmanager
     def locked(self) -> Iterator[LockGrant]:
         """Hold the table lock; the grant carries a new time issued under it."""
-        state, wait_ms = self._acquire(take=True)
-        grant = LockGrant(format_time(state.last_time_ms), state, wait_ms, self.lease_ms)
+        state, wait_ms, lease_start = self._acquire(take=True)
+        grant = LockGrant(format_time(state.last_time_ms), state, wait_ms, self.lease_ms, lease_start)
         try:
             yield grant
         finally:

@@ -85,11 +85,22 @@ def parse_data_file(name: str) -> DataFile:
     raise ValueError(f"{name!r} is not an nbcc data file name")
 
 
-def log_file_name(file_group_id: str, instant: str, version: int, token: str) -> str:
+def _check_common(file_group_id: str, instant: str, token: str) -> None:
     _parse_token(token)
-    return LogFile(file_group_id, instant, version, token).name
+    if not _is_instant(instant):
+        raise ValueError(f"instant {instant!r} is not a 17-digit time")
+    if not file_group_id or "_" in file_group_id:
+        raise ValueError(f"file group id {file_group_id!r} must be non-empty and contain no '_'")
+
+
+def log_file_name(file_group_id: str, instant: str, version: int, token: str) -> str:
+    """The name of a log file; refuses anything `parse_data_file` could not read back."""
+    _check_common(file_group_id, instant, token)
+    if int(version) < 1:
+        raise ValueError(f"log file versions start at 1, got {version}")
+    return LogFile(file_group_id, instant, int(version), token).name
 
 
 def base_file_name(file_group_id: str, token: str, instant: str) -> str:
-    _parse_token(token)
+    _check_common(file_group_id, instant, token)
     return BaseFile(file_group_id, token, instant).name

@@ -20,12 +20,19 @@ from typing import Any, BinaryIO
 
 import fsspec
 import pyarrow.fs as pafs
+from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from .errors import StorageError
 
 _MEMORY_LOCK = threading.Lock()
+
+
+def _is_conditional_conflict(exc: BaseException) -> bool:
+    text = str(exc)
+    return not isinstance(exc, FileExistsError) and ("ConditionalRequestConflict" in text or "(409)" in text)
+
 TMP_PREFIX = ".nbcc-tmp-"
 
 
@@ -87,11 +94,19 @@ class Storage:
                 self.fs.pipe_file(path, data)
                 return True
         try:
+            return self._s3_put_if_absent(path, data)
+        finally:
+            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
+
+    @retry(retry=retry_if_exception(_is_conditional_conflict), stop=stop_after_attempt(6),
+           wait=wait_random_exponential(multiplier=0.02, max=1.0), reraise=True)
+    def _s3_put_if_absent(self, path: str, data: bytes) -> bool:
+        # S3 answers 409 ConditionalRequestConflict while another conditional write to the same
+        # key is in flight: the race is undecided, so ask again.
+        try:
             self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             return False
-        finally:
-            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
         return True
 
     @staticmethod
@@ -118,22 +133,27 @@ class Storage:
     def read_bytes(self, rel: str) -> bytes:
         return self.fs.cat_file(self.full_path(rel))
 
-    def list_names(self, rel_dir: str) -> list[str]:
-        """Names (not paths) of the files directly under `rel_dir`; [] if it does not exist.
-        Always a fresh listing: s3fs caches listings, and a stale timeline would hide commits."""
+    def list_names(self, rel_dir: str, prefix: str = "") -> list[str]:
+        """Names (not paths) of the entries directly under `rel_dir` that start with `prefix`;
+        [] if it does not exist. Always a fresh listing: s3fs caches listings, and a stale
+        timeline would hide commits. On S3 the prefix is applied by the server."""
         path = self.full_path(rel_dir)
         if self.is_local:
             try:
-                return [n for n in os.listdir(path) if not n.startswith(TMP_PREFIX)]
+                names = os.listdir(path)
             except FileNotFoundError:
                 return []
-        self.fs.invalidate_cache(path)
-        try:
-            entries = self.fs.ls(path, detail=False)
-        except FileNotFoundError:
-            return []
-        names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
-        return [n for n in names if n and not n.startswith(TMP_PREFIX)]
+        else:
+            self.fs.invalidate_cache(path)
+            try:
+                if prefix and self.is_s3:
+                    entries = self.fs.find(path, maxdepth=1, withdirs=True, prefix=prefix)
+                else:
+                    entries = self.fs.ls(path, detail=False)
+            except FileNotFoundError:
+                return []
+            names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
+        return [n for n in names if n and n.startswith(prefix) and not n.startswith(TMP_PREFIX)]
 
     def exists(self, rel: str) -> bool:
         path = self.full_path(rel)

@@ -145,7 +145,13 @@ def create_inflight(storage: Storage, instant: str, action: str, info: dict[str,
 
 def create_completed(storage: Storage, instant: str, completion: str, action: str,
                      metadata: dict[str, Any]) -> None:
-    """Publish a commit. Must run under the table lock that issued `completion`."""
+    """Publish a commit. Must run under the table lock that issued `completion`.
+
+    The completed file's name holds the completion time, so put-if-absent alone cannot stop a
+    retried commit from completing the instant twice; under the lock, looking first is safe."""
+    done = [n for n in storage.list_names(TIMELINE_DIR, prefix=f"{instant}_")]
+    if done:
+        raise CommitError(f"instant {instant} is already completed ({done[0]})")
     name = f"{instant}_{completion}.{action}"
     if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata)):
         raise CommitError(f"instant {instant} is already completed")

@@ -134,11 +134,16 @@ class LogWriter:
             log = self._open.get((partition, bucket))
             if log is None:
                 log = self._open[(partition, bucket)] = _OpenLog(partition, file_group_id(bucket), 1)
-            log.pending.append(group)
-            log.pending_rows += group.num_rows
-            log.pending_bytes += group.nbytes
-            if log.pending_rows >= ROW_GROUP_ROWS or log.pending_bytes >= self.row_group_bytes:
-                self._flush(log)
+            # Append in pieces of at most one row group, so that rollover is checked often
+            # enough for a file to stay within max_log_file_bytes (give or take a row group).
+            step = max(1, min(ROW_GROUP_ROWS, group.num_rows * self.row_group_bytes // max(group.nbytes, 1)))
+            for start in range(0, group.num_rows, step):
+                piece = group.slice(start, step)
+                log.pending.append(piece)
+                log.pending_rows += piece.num_rows
+                log.pending_bytes += piece.nbytes
+                if log.pending_rows >= ROW_GROUP_ROWS or log.pending_bytes >= self.row_group_bytes:
+                    self._flush(log)
 
     def _flush(self, log: _OpenLog) -> None:
         if not log.pending:
@@ -164,7 +169,7 @@ class LogWriter:
             return
         log.writer.close()
         size = log.sink.tell()
-        if hasattr(log.sink, "fileno"):  # local disk: durable before any commit points at it
+        if self.storage.is_local:  # durable before any commit points at it
             log.sink.flush()
             os.fsync(log.sink.fileno())
         log.sink.close()

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import pyarrow as pa
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.types import IntegerType, StructField, StructType
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
@@ -58,12 +57,12 @@ def repartition_by_bucket(df: DataFrame, *, record_key: str | Sequence[str] | No
     parts = [p.strip() for part in parts for p in part.split(",") if p.strip()]
     n_buckets = int(buckets or DEFAULT_BUCKETS)
 
-    def add_bucket(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            ids = bucket_ids_for_columns([batch.column(k) for k in keys], n_buckets)
-            yield batch.append_column(_BUCKET_COL, pa.array(ids, pa.int32()))
+    # An Arrow UDF (no pandas needed) computing the bucket exactly as the writer does.
+    @F.arrow_udf("int")
+    def bucket_of(keys: pa.Array) -> pa.Array:
+        columns = [keys.field(i) for i in range(keys.type.num_fields)]
+        return pa.array(bucket_ids_for_columns(columns, n_buckets), pa.int32())
 
-    schema = StructType(df.schema.fields + [StructField(_BUCKET_COL, IntegerType(), False)])
-    with_bucket = df.mapInArrow(add_bucket, schema)
+    with_bucket = df.withColumn(_BUCKET_COL, bucket_of(F.struct(*keys)))
     n = num_partitions or n_buckets
     return with_bucket.repartition(n, *parts, _BUCKET_COL).drop(_BUCKET_COL)

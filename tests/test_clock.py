@@ -1,0 +1,331 @@
+"""The time generator and the table lock built on put-if-absent (nbcc.clock).
+
+Times must be 17-digit UTC `yyyyMMddHHmmssSSS`, strictly increasing and unique for every writer of
+a table in every process; the lock must exclude other processes and must not outlive a dead holder.
+The cross-process tests run real processes (the venv's python) against one local table folder.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from nbcc.clock import TimeGenerator, format_time, parse_time
+from nbcc.errors import LockLostError
+from nbcc.storage import Storage
+
+
+def _ms(dt: datetime) -> int:
+    return (dt - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(milliseconds=1)
+
+
+def _all_files(root: str) -> list[str]:
+    return [os.path.join(d, n) for d, _, names in os.walk(root) for n in names]
+
+
+# -- format_time / parse_time -------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "dt, text",
+    [
+        (datetime(2024, 1, 2, 3, 4, 5, 678000, tzinfo=timezone.utc), "20240102030405678"),
+        (datetime(1999, 12, 31, 23, 59, 59, 999000, tzinfo=timezone.utc), "19991231235959999"),
+        (datetime(2030, 6, 15, 0, 0, 0, 0, tzinfo=timezone.utc), "20300615000000000"),
+        (datetime(2024, 2, 29, 12, 0, 0, 1000, tzinfo=timezone.utc), "20240229120000001"),
+    ],
+)
+def test_format_and_parse_time_are_utc_milliseconds(dt, text):
+    assert format_time(_ms(dt)) == text
+    assert parse_time(text) == _ms(dt)
+
+
+def test_format_time_round_trips_every_millisecond_of_a_second_boundary():
+    base = _ms(datetime(2025, 3, 30, 0, 59, 59, tzinfo=timezone.utc))
+    for ms in range(base - 5, base + 2005):
+        text = format_time(ms)
+        assert len(text) == 17 and text.isdigit()
+        assert parse_time(text) == ms
+
+
+@pytest.mark.parametrize("text", ["2024010203040567", "202401020304056789", "2024010203040567x", ""])
+def test_parse_time_refuses_what_is_not_a_17_digit_time(text):
+    with pytest.raises(ValueError, match="17-digit"):
+        parse_time(text)
+
+
+# -- one process --------------------------------------------------------------------------------
+
+def test_times_are_17_digit_and_strictly_increasing_in_one_process(local_table):
+    uri, opts = local_table
+    gen = TimeGenerator(Storage(uri, opts))
+    times = []
+    for i in range(120):
+        if i % 10 == 0:
+            with gen.locked() as grant:
+                times.append(grant.time)
+        else:
+            times.append(gen.new_instant())
+    assert all(len(t) == 17 and t.isdigit() for t in times)
+    assert all(a < b for a, b in zip(times, times[1:]))
+    # They are real UTC times, close to now.
+    now = _ms(datetime.now(timezone.utc))
+    assert abs(parse_time(times[-1]) - now) < 60_000
+
+
+def test_two_generators_on_one_table_never_issue_the_same_time(memory_uri):
+    a = TimeGenerator(Storage(memory_uri))
+    b = TimeGenerator(Storage(memory_uri))
+    times = []
+    for i in range(60):
+        times.append((a if i % 2 else b).new_instant())
+    assert all(x < y for x, y in zip(times, times[1:]))
+
+
+def test_threads_with_their_own_generators_get_unique_times_on_s3(s3_table):
+    uri, opts = s3_table
+    results: dict[int, list[str]] = {}
+
+    def work(n: int) -> None:
+        gen = TimeGenerator(Storage(uri, opts))
+        out = []
+        for i in range(6):
+            if i % 3 == 2:
+                with gen.locked() as grant:
+                    out.append(grant.time)
+            else:
+                out.append(gen.new_instant())
+        results[n] = out
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [0, 1, 2]
+    every = [t for out in results.values() for t in out]
+    assert len(every) == 18 and len(set(every)) == 18
+    for out in results.values():
+        assert all(x < y for x, y in zip(out, out[1:]))
+
+
+def test_a_clock_that_goes_backwards_does_not_make_times_go_backwards(local_table, monkeypatch):
+    uri, opts = local_table
+    gen = TimeGenerator(Storage(uri, opts))
+    before = gen.new_instant()
+    future = _ms(datetime.now(timezone.utc)) + 3_600_000  # one hour ahead
+
+    with monkeypatch.context() as m:
+        m.setattr(time, "time_ns", lambda: future * 1_000_000)
+        ahead = gen.new_instant()
+    # The clock is back to the present: one hour behind the last issued time.
+    assert parse_time(ahead) >= future > parse_time(before)
+
+    after = gen.new_instant()
+    assert after > ahead
+    with gen.locked() as grant:
+        assert grant.time > after
+    # Another writer (a fresh generator, as in another process) also continues from there.
+    other = TimeGenerator(Storage(uri, opts)).new_instant()
+    assert other > grant.time
+
+
+def test_lock_grant_check_raises_lock_lost_once_half_the_lease_has_passed(memory_uri):
+    gen = TimeGenerator(Storage(memory_uri), lease_ms=200)
+    with gen.locked() as grant:
+        grant.check()  # just taken: well inside the lease
+        time.sleep(0.15)  # > half of the 200 ms lease
+        with pytest.raises(LockLostError, match="lease"):
+            grant.check()
+    # The lock was released on the way out: the next grant is immediate and later.
+    with TimeGenerator(Storage(memory_uri), lease_ms=200, timeout_ms=5_000).locked() as again:
+        again.check()
+        assert again.time > grant.time
+
+
+class _SlowFirstPut(Storage):
+    """The first put lands at once but its answer comes back late (a slow network, a GC pause)."""
+
+    delay_s = 0.0
+
+    def put_if_absent(self, rel: str, data: bytes) -> bool:
+        created = super().put_if_absent(rel, data)
+        if self.delay_s:
+            time.sleep(self.delay_s)
+            self.delay_s = 0.0
+        return created
+
+
+def test_lock_grant_check_counts_the_time_spent_taking_the_lock(memory_uri):
+    # The lease starts when the lock state is written, not when the caller gets the grant back.
+    # If taking the lock took longer than the lease, another writer may already hold it, and
+    # the late holder must not go on to commit.
+    slow = _SlowFirstPut(memory_uri)
+    slow.delay_s = 0.4
+    gen = TimeGenerator(slow, lease_ms=300)
+    with gen.locked() as grant:
+        other = TimeGenerator(Storage(memory_uri), lease_ms=300, timeout_ms=5_000)
+        with other.locked() as other_grant:  # the lease has run out: the other writer takes over
+            assert other_grant.time > grant.time
+            with pytest.raises(LockLostError):
+                grant.check()
+
+
+def test_lock_state_files_are_collected_after_many_acquisitions(local_table):
+    uri, opts = local_table
+    gen = TimeGenerator(Storage(uri, opts))
+    times = []
+    for _ in range(150):
+        with gen.locked() as grant:
+            times.append(grant.time)
+    # Each acquisition and each release writes one state file: 300 without collection.
+    assert len(_all_files(uri)) < 40
+    # Writers that only ask for instant times (they never take the lock) leave state files
+    # behind; the next lock release collects them.
+    for _ in range(150):
+        times.append(gen.new_instant())
+    with gen.locked() as grant:
+        times.append(grant.time)
+    assert len(_all_files(uri)) < 40
+    # Collecting never lost the state: times kept increasing, also for a fresh generator.
+    times.append(TimeGenerator(Storage(uri, opts)).new_instant())
+    assert all(a < b for a, b in zip(times, times[1:]))
+
+
+# -- several real processes ---------------------------------------------------------------------
+
+_CHILD_PRELUDE = textwrap.dedent(
+    """
+    import json, os, sys, time
+    from nbcc.clock import TimeGenerator
+    from nbcc.storage import Storage
+
+    uri, go = sys.argv[1], sys.argv[2]
+    deadline = time.monotonic() + 60
+    while not os.path.exists(go):  # start together, so the processes really contend
+        if time.monotonic() > deadline:
+            sys.exit("start signal never came")
+        time.sleep(0.005)
+    """
+)
+
+_UNIQUE_CHILD = _CHILD_PRELUDE + textwrap.dedent(
+    """
+    gen = TimeGenerator(Storage(uri))
+    out = []
+    for i in range(50):
+        out.append(gen.new_instant())
+        if i % 10 == 5:
+            with gen.locked() as grant:
+                out.append(grant.time)
+    print(json.dumps(out))
+    """
+)
+
+_COUNTER_CHILD = _CHILD_PRELUDE + textwrap.dedent(
+    """
+    counter = sys.argv[3]
+    gen = TimeGenerator(Storage(uri))
+    for _ in range(int(sys.argv[4])):
+        with gen.locked() as grant:
+            # read-modify-write of a shared file: loses updates unless the lock excludes others
+            with open(counter) as f:
+                lines = f.read().splitlines()
+            time.sleep(0.001)
+            lines.append(f"{len(lines) + 1} {grant.time} {os.getpid()}")
+            with open(counter, "w") as f:
+                f.write("\\n".join(lines) + "\\n")
+    """
+)
+
+_DEAD_HOLDER_CHILD = textwrap.dedent(
+    """
+    import os, sys
+    from nbcc.clock import TimeGenerator
+    from nbcc.storage import Storage
+
+    gen = TimeGenerator(Storage(sys.argv[1]), lease_ms=int(sys.argv[2]))
+    with gen.locked() as grant:
+        print(grant.time, flush=True)
+        os._exit(0)  # dies holding the lock: no release
+    """
+)
+
+
+def _spawn(script: str, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish(procs: list[subprocess.Popen]) -> list[str]:
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        outs.append(out)
+    return outs
+
+
+def test_times_are_unique_and_increasing_across_processes(local_table, tmp_path):
+    uri, _ = local_table
+    go = tmp_path / "go"
+    procs = [_spawn(_UNIQUE_CHILD, uri, go) for _ in range(4)]
+    go.write_text("go")
+    outs = [json.loads(o) for o in _finish(procs)]
+
+    for times in outs:
+        assert len(times) == 55  # 50 instants + 5 lock grants
+        assert all(len(t) == 17 and t.isdigit() for t in times)
+        assert all(a < b for a, b in zip(times, times[1:])), "times went backwards within a process"
+    every = [t for times in outs for t in times]
+    assert len(set(every)) == len(every) == 220
+    # A generator started after all of them issues a later time than any of them.
+    assert TimeGenerator(Storage(uri)).new_instant() > max(every)
+
+
+def test_locked_excludes_other_processes(local_table, tmp_path):
+    uri, _ = local_table
+    go = tmp_path / "go"
+    counter = tmp_path / "counter.txt"
+    counter.write_text("")
+    per_process = 20
+    procs = [_spawn(_COUNTER_CHILD, uri, go, counter, per_process) for _ in range(4)]
+    go.write_text("go")
+    _finish(procs)
+
+    lines = counter.read_text().splitlines()
+    assert len(lines) == 4 * per_process, "updates were lost: two processes held the lock at once"
+    rows = [line.split() for line in lines]
+    assert [int(r[0]) for r in rows] == list(range(1, 4 * per_process + 1))
+    assert len({r[2] for r in rows}) == 4
+    # The file lists grants in lock order, and each grant's time is later than the previous one.
+    grant_times = [r[1] for r in rows]
+    assert all(a < b for a, b in zip(grant_times, grant_times[1:]))
+
+
+def test_a_dead_holder_blocks_others_only_until_its_lease_expires(local_table):
+    uri, _ = local_table
+    lease_ms = 1500
+    dead = _spawn(_DEAD_HOLDER_CHILD, uri, lease_ms)
+    (out,) = _finish([dead])
+    dead_time = out.strip()
+    assert len(dead_time) == 17
+
+    # Another process (here: this one) proceeds once the lease has run out, well before its own
+    # timeout, and issues a time after the dead holder's.
+    gen = TimeGenerator(Storage(uri), lease_ms=lease_ms, timeout_ms=30_000)
+    after = gen.new_instant()
+    assert after > dead_time
+    # The dead holder took the lock at its own time, so the lease ran until 1.5 s after it:
+    # nobody got a time (or the lock) while the lease was live.
+    assert parse_time(after) >= parse_time(dead_time) + lease_ms
+    with gen.locked() as grant:
+        assert grant.time > after
+    assert TimeGenerator(Storage(uri), lease_ms=lease_ms, timeout_ms=30_000).new_instant() > grant.time

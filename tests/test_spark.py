@@ -1,0 +1,199 @@
+"""Spark end to end: df.write.format("nbcc") and spark.read.format("nbcc"), on local disk and on a
+real S3 API (moto on loopback)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import Row, functions as F
+
+import nbcc
+from pyspark_nbcc import options_from_conf, repartition_by_bucket
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = "id long, name string, price double, day date, ts timestamp, seq long"
+
+
+def _rows(ids, name, seq, price=1.5):
+    return [(i, f"{name}-{i}", price * i, dt.date(2026, 11, 1 + i % 20),
+             dt.datetime(2026, 11, 21, 10, 0, i % 60), seq) for i in ids]
+
+
+def _writer(df, uri, opts, mode="append"):
+    w = df.write.format("nbcc").mode(mode)
+    for k, v in opts.items():
+        w = w.option(f"storage.{k}", v)
+    return w
+
+
+def _reader(spark, opts):
+    r = spark.read.format("nbcc")
+    for k, v in opts.items():
+        r = r.option(f"storage.{k}", v)
+    return r
+
+
+def test_upsert_and_delete_round_trip(spark, any_table):
+    uri, opts = any_table
+    first = spark.createDataFrame(_rows(range(0, 40), "a", seq=1), SCHEMA)
+    (_writer(first, uri, opts).option("record_key", "id").option("ordering_field", "seq")
+     .option("buckets", "4").save(uri))
+    # Overlapping keys: 20..39 updated by a newer seq, 40..59 inserted, 0..4 carry an older seq.
+    second = spark.createDataFrame(_rows(range(20, 60), "b", seq=2) + _rows(range(0, 5), "old", seq=0), SCHEMA)
+    _writer(second, uri, opts).save(uri)
+    _writer(spark.createDataFrame([(7,), (45,)], "id long"), uri, opts).option("operation", "delete").save(uri)
+
+    expected = spark.createDataFrame(
+        [r for r in _rows(range(0, 20), "a", seq=1) if r[0] != 7]
+        + [r for r in _rows(range(20, 60), "b", seq=2) if r[0] != 45], SCHEMA)
+    actual = _reader(spark, opts).load(uri)
+    assert_df_equality(actual, expected, ignore_row_order=True, ignore_nullable=True)
+
+    table = nbcc.Table.open(uri, opts)
+    commits = [i for i in table.timeline() if i.state == "completed"]
+    assert len(commits) == 3
+    assert all(i.completion > i.instant for i in commits)
+
+
+def test_schema_seen_by_spark_is_the_tables(spark, local_table):
+    uri, _ = local_table
+    df = spark.createDataFrame(_rows(range(3), "a", seq=1), SCHEMA)
+    df.write.format("nbcc").mode("append").option("record_key", "id").save(uri)
+    read = spark.read.format("nbcc").load(uri)
+    assert [(f.name, f.dataType.simpleString()) for f in read.schema] == [
+        ("id", "bigint"), ("name", "string"), ("price", "double"), ("day", "date"),
+        ("ts", "timestamp"), ("seq", "bigint")]
+    assert not read.schema["id"].nullable  # record keys are never null
+
+
+def test_overwrite_replaces_earlier_commits_only(spark, local_table):
+    uri, _ = local_table
+    spark.createDataFrame(_rows(range(10), "a", seq=1), SCHEMA).write.format("nbcc").mode("append") \
+        .option("record_key", "id").save(uri)
+    spark.createDataFrame(_rows(range(100, 103), "o", seq=1), SCHEMA).write.format("nbcc") \
+        .mode("overwrite").save(uri)
+    assert sorted(r.id for r in spark.read.format("nbcc").load(uri).collect()) == [100, 101, 102]
+    # Writes that complete after the overwrite are visible.
+    spark.createDataFrame(_rows([5, 101], "n", seq=2), SCHEMA).write.format("nbcc").mode("append").save(uri)
+    got = {r.id: r.name for r in spark.read.format("nbcc").load(uri).collect()}
+    assert got == {5: "n-5", 100: "o-100", 101: "n-101", 102: "o-102"}
+    actions = [i.action for i in nbcc.Table.open(uri).timeline()]
+    assert actions == ["deltacommit", "replacecommit", "deltacommit"]
+
+
+def test_partitioned_table_layout_and_read(spark, any_table):
+    uri, opts = any_table
+    df = spark.createDataFrame(
+        [(i, f"r{i}", "2026-11-21" if i % 2 else "2026/11/22 x") for i in range(20)], "id long, v string, day string")
+    _writer(df, uri, opts).option("record_key", "id").option("partition_by", "day").option("buckets", "2").save(uri)
+    _writer(spark.createDataFrame([(3, "new", "2026-11-21")], "id long, v string, day string"), uri, opts).save(uri)
+    table = nbcc.Table.open(uri, opts)
+    partitions = {s.partition for s in table.file_slices()}
+    assert partitions == {"day=2026-11-21", "day=2026%2F11%2F22%20x"}
+    got = {(r.id, r.v, r.day) for r in _reader(spark, opts).load(uri).collect()}
+    expected = {(i, "new" if i == 3 else f"r{i}", "2026-11-21" if i % 2 else "2026/11/22 x") for i in range(20)}
+    assert got == expected
+
+
+def _log_files_of_last_commit(uri):
+    table = nbcc.Table.open(uri)
+    last = [i for i in table.timeline() if i.state == "completed"][-1]
+    meta = json.loads(Path(uri, ".nbcc/timeline", f"{last.instant}_{last.completion}.{last.action}").read_bytes())
+    return meta["files"]
+
+
+def test_one_log_file_per_bucket_per_task_and_repartition_helper(spark, local_table):
+    uri, _ = local_table
+    df = spark.range(0, 2000).withColumn("v", F.col("id") * 2).repartition(3)
+    df.write.format("nbcc").mode("append").option("record_key", "id").option("buckets", "4").save(uri)
+    files = _log_files_of_last_commit(uri)
+    per_task = {}
+    for f in files:
+        token = f["name"].rsplit("_", 1)[1]
+        per_task.setdefault(token, []).append(f["file_group"])
+    assert len(per_task) == 3  # three tasks wrote
+    assert all(len(groups) == len(set(groups)) <= 4 for groups in per_task.values())
+
+    repartition_by_bucket(df, path=uri).write.format("nbcc").mode("append").save(uri)
+    files = _log_files_of_last_commit(uri)
+    groups = [f["file_group"] for f in files]
+    assert sorted(groups) == sorted(set(groups)) and len(groups) == 4  # one file per bucket
+    assert spark.read.format("nbcc").load(uri).count() == 2000
+
+
+def test_log_files_roll_over(spark, local_table):
+    uri, _ = local_table
+    df = spark.range(0, 20000).withColumn("payload", F.sha2(F.col("id").cast("string"), 256)).coalesce(1)
+    (df.write.format("nbcc").mode("append").option("record_key", "id").option("buckets", "1")
+     .option("max_log_file_bytes", "200000").save(uri))
+    names = [f["name"] for f in _log_files_of_last_commit(uri)]
+    versions = sorted(int(n.split(".log.")[1].split("_")[0]) for n in names)
+    assert versions == list(range(1, len(names) + 1)) and len(names) > 1
+    assert spark.read.format("nbcc").load(uri).count() == 20000
+
+
+def test_schema_evolution_adds_nullable_column(spark, local_table):
+    uri, _ = local_table
+    spark.createDataFrame([(1, "a"), (2, "b")], "id long, v string").write.format("nbcc").mode("append") \
+        .option("record_key", "id").save(uri)
+    spark.createDataFrame([(3, "c", 3.5)], "id long, v string, extra double").write.format("nbcc") \
+        .mode("append").save(uri)
+    got = sorted(spark.read.format("nbcc").load(uri).collect(), key=lambda r: r.id)
+    assert got == [Row(id=1, v="a", extra=None), Row(id=2, v="b", extra=None), Row(id=3, v="c", extra=3.5)]
+
+
+def test_partial_update_joins_writers_columns(spark, local_table):
+    uri, _ = local_table
+    schema = "id long, a string, b string"
+    spark.createDataFrame([(1, "a1", None), (2, "a2", None)], schema).write.format("nbcc").mode("append") \
+        .option("record_key", "id").option("merge_mode", "partial_update").save(uri)
+    spark.createDataFrame([(1, None, "b1"), (3, None, "b3")], schema).write.format("nbcc").mode("append").save(uri)
+    got = sorted(spark.read.format("nbcc").load(uri).collect(), key=lambda r: r.id)
+    assert got == [Row(id=1, a="a1", b="b1"), Row(id=2, a="a2", b=None), Row(id=3, a=None, b="b3")]
+
+
+def test_spark_reads_what_the_python_api_wrote(spark, local_table):
+    uri, _ = local_table
+    table = nbcc.Table.create(uri, pa.schema([("k", pa.string()), ("n", pa.int32())]), "k", buckets=3)
+    table.write(pa.table({"k": ["x", "y", "z"], "n": pa.array([1, 2, 3], pa.int32())}))
+    table.write(pa.table({"k": ["y"], "n": pa.array([20], pa.int32())}))
+    expected = spark.createDataFrame([("x", 1), ("y", 20), ("z", 3)], "k string, n int")
+    assert_df_equality(spark.read.format("nbcc").load(uri), expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_options_from_conf(spark):
+    spark.conf.set("spark.nbcc.record_key", "id")
+    spark.conf.set("spark.nbcc.storage.endpoint_url", "http://127.0.0.1:1")
+    try:
+        opts = options_from_conf(spark)
+        assert opts["record_key"] == "id"
+        assert opts["storage.endpoint_url"] == "http://127.0.0.1:1"
+        assert not any(k.startswith("spark.") for k in opts)
+    finally:
+        spark.conf.unset("spark.nbcc.record_key")
+        spark.conf.unset("spark.nbcc.storage.endpoint_url")
+
+
+def test_ingest_job_with_spark_submit(tmp_path):
+    """examples/ingest.py as a real spark-submit job configured by --conf spark.nbcc.*."""
+    (tmp_path / "in.csv").write_text("id,v,ts\n1,a,1\n2,b,1\n2,B,2\n3,c,1\n")
+    uri = str(tmp_path / "t")
+    spark_submit = Path(sys.executable).with_name("spark-submit")
+    cmd = [str(spark_submit), "--master", "local[1]", "--properties-file", str(ROOT / "spark_conf/nbcc-defaults.conf"),
+           "--conf", f"spark.nbcc.path={uri}", "--conf", f"spark.nbcc.input={tmp_path / 'in.csv'}",
+           "--conf", "spark.nbcc.record_key=id", "--conf", "spark.nbcc.ordering_field=ts",
+           "--conf", "spark.nbcc.buckets=2", str(ROOT / "examples/ingest.py")]
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = nbcc.Table.open(uri).read().sort_by("id").to_pydict()
+    assert got == {"id": [1, 2, 3], "v": ["a", "B", "c"], "ts": [1, 2, 1]}
+    assert nbcc.Table.open(uri).config.buckets == 2
