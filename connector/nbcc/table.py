@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -17,7 +17,7 @@ from .config import (
     UPSERT,
     TableConfig,
 )
-from .errors import InvalidOptionError, TableExistsError, TableNotFoundError
+from .errors import InvalidOptionError, SchemaError, TableExistsError, TableNotFoundError
 from .file_slices import FileSlice
 from .filenames import make_token
 from .reader import Snapshot, plan_snapshot, read_slices
@@ -88,10 +88,11 @@ class Table:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False
-                    ) -> WriteTransaction:
+    def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False,
+                    check_first: Callable[[pa.Schema], None] | None = None) -> WriteTransaction:
         """Check `incoming_schema` and start an instant (the first half of a write; used by the
-        Spark connector, whose tasks write the files)."""
+        Spark connector, whose tasks write the files). `check_first(table_schema)` runs after the
+        schema checks and before the instant exists, so a failing check writes nothing."""
         if operation not in OPERATIONS:
             raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
         if operation == DELETE and overwrite:
@@ -102,7 +103,15 @@ class Table:
             raise InvalidOptionError(
                 f"the data lacks record key / partition column(s) {missing}; every row needs them"
             )
+        ordering = self.config.ordering_field
+        if ordering and operation != DELETE and ordering not in incoming_schema.names:
+            raise SchemaError(
+                f"the data lacks the ordering_field column {ordering!r}; upserts need it to decide "
+                "which version of a record wins (deletes may leave it out)"
+            )
         new_schema = evolve_schema(current, incoming_schema, allow_missing=operation == DELETE)
+        if check_first is not None:
+            check_first(new_schema)
         txn = WriteTransaction(
             self.storage, self.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
             "overwrite" if overwrite else operation, new_schema,
@@ -125,13 +134,11 @@ class Table:
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
         schema, batches = _as_batches(data)
-        materialized = isinstance(data, (pa.Table, pa.RecordBatch))
-        if materialized:  # check values up front: a bad table writes nothing at all
-            current = self.schema()
-            evolve_schema(current, schema, allow_missing=operation == DELETE)
+        check_first = None
+        if isinstance(data, (pa.Table, pa.RecordBatch)):  # a bad table writes nothing at all
             whole = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-            check_values(whole, self.config, current, operation)
-        txn = self.begin_write(schema, operation, overwrite=mode == "overwrite")
+            check_first = lambda table_schema: check_values(whole, self.config, table_schema, operation)  # noqa: E731
+        txn = self.begin_write(schema, operation, overwrite=mode == "overwrite", check_first=check_first)
         writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
         for batch in batches:
             if batch.num_rows:
