@@ -39,7 +39,7 @@ def spark_writer(spark: SparkSession, uri: str, errors: list) -> None:
         errors.append(exc)
 
 
-def python_writer(uri: str, errors: list) -> None:
+def python_writer(uri: str, errors: list, stats: list) -> None:
     """Keys 3000..8999, three commits, event time 15, 25, 35, made while Spark's first commit
     is in flight: they start after it and complete before it."""
     try:
@@ -52,6 +52,7 @@ def python_writer(uri: str, errors: list) -> None:
             table.write(pa.table({"order_id": ids,
                                   "status": pa.array([f"python@{ts}"] * len(ids)),
                                   "ts": pa.array([ts] * len(ids), pa.int64())}))
+        stats.append(table.clock.stats)
     except Exception as exc:  # noqa: BLE001
         errors.append(exc)
 
@@ -73,8 +74,9 @@ def main() -> None:
     print(f"table: {uri}\n")
 
     errors: list = []
+    lock_stats: list = []
     writers = [threading.Thread(target=spark_writer, args=(spark, uri, errors)),
-               threading.Thread(target=python_writer, args=(uri, errors))]
+               threading.Thread(target=python_writer, args=(uri, errors, lock_stats))]
     for w in writers:
         w.start()
     for w in writers:
@@ -92,6 +94,9 @@ def main() -> None:
     print(f"  {'instant':<19}{'action':<14}{'state':<11}completion")
     for i in nbcc.Table.open(uri).timeline():
         print(f"  {i.instant:<19}{i.action:<14}{i.state:<11}{i.completion}")
+    for s in lock_stats:
+        print(f"\ntable lock, Python writer: {s.acquisitions} commits, longest hold {s.max_hold_ms:.1f} ms, "
+              f"longest wait {s.max_wait_ms:.1f} ms, lost races {s.cas_conflicts}")
     spark.stop()
 
 
