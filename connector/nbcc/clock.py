@@ -27,7 +27,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Iterator
 
 from .errors import InvalidOptionError, LockLostError, LockTimeoutError
@@ -53,6 +53,34 @@ def parse_time(text: str) -> int:
         raise InvalidOptionError(f"{text!r} is not a 17-digit instant time (yyyyMMddHHmmssSSS, UTC)")
     dt = datetime.strptime(text[:14], "%Y%m%d%H%M%S").replace(tzinfo=timezone.utc)
     return int(dt.timestamp()) * 1000 + int(text[14:])
+
+
+TIME_FORMS = ("a 17-digit instant time yyyyMMddHHmmssSSS (UTC), e.g. 20261121103000123, or an "
+              "ISO-8601 timestamp, e.g. 2026-11-21T10:30:00Z, 2026-11-21 10:30:00.123+01:00 or "
+              "2026-11-21 (UTC when it has no zone)")
+
+
+def parse_time_option(value: object, name: str) -> str:
+    """A user-given time (`as_of`, `begin`, `end`) as a 17-digit UTC time, rounded down to the
+    millisecond (times on the timeline are whole milliseconds, so `<=` is unchanged)."""
+    text = str(value).strip()
+    if len(text) == TIME_LEN and text.isdigit():
+        try:
+            parse_time(text)
+            return text
+        except ValueError:
+            pass
+    else:
+        try:
+            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            moment = None
+        if moment is not None:
+            if moment.tzinfo is None:
+                moment = moment.replace(tzinfo=timezone.utc)
+            micros = (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
+            return format_time(micros // 1000)
+    raise InvalidOptionError(f"{name}={value!r} is not a time; use {TIME_FORMS}")
 
 
 def _now_ms() -> int:

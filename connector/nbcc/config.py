@@ -82,7 +82,18 @@ WRITE_OPTIONS: dict[str, OptionSpec] = {
     "operation": OptionSpec(_choice("operation", OPERATIONS), "upsert (default) | delete"),
     "max_log_file_bytes": OptionSpec(_positive_int("max_log_file_bytes"), "roll a log file over to a new version past this size"),
 }
-READ_OPTIONS: dict[str, OptionSpec] = {}
+def _text(value: Any) -> str:
+    return str(value).strip()
+
+
+READ_OPTIONS: dict[str, OptionSpec] = {
+    "as_of": OptionSpec(_text, "time travel: a 17-digit instant time or an ISO-8601 timestamp (UTC if no zone)"),
+    "query_type": OptionSpec(_text, "snapshot (default) | read_optimized | incremental"),
+    "begin": OptionSpec(_text, "incremental: exclusive start (completion time), or 'earliest'"),
+    "end": OptionSpec(_text, "incremental: inclusive end (completion time), default the latest"),
+    "incremental_format": OptionSpec(_text, "incremental: latest_state (default) | cdc"),
+    "include_meta_columns": OptionSpec(_text, "true to add _nbcc_commit_time, _nbcc_completion_time, ..."),
+}
 
 STORAGE_PREFIX = "storage."
 # Spark adds these itself for load(path) / save(path).

@@ -34,11 +34,15 @@ def build_file_slices(
     file_names: Iterable[str],
     completion_times: Mapping[str, str | None],
     partition: str = "",
+    pending_compactions: Mapping[str, str] | None = None,
 ) -> dict[str, list[FileSlice]]:
     """`{file_group_id: [FileSlice, ...]}` newest slice first, for the files of one partition.
 
     `completion_times` maps instant -> completion time, or None for a pending or failed instant;
-    files of instants it does not know are treated as not committed.
+    files of instants it does not know are treated as not committed. `pending_compactions` maps
+    a file group to the instant Tc of a compaction planned but not completed: Tc is a barrier with
+    no base file yet, so logs completing after Tc start a new slice (readers merge that slice with
+    the one before it until the compaction completes).
     """
     bases: dict[str, list[BaseFile]] = defaultdict(list)
     logs: dict[str, list[tuple[str, LogFile]]] = defaultdict(list)
@@ -52,10 +56,13 @@ def build_file_slices(
         else:
             logs[f.file_group_id].append((completion, f))
 
+    pending = dict(pending_compactions or {})
     result: dict[str, list[FileSlice]] = {}
     for fg in sorted(set(bases) | set(logs)):
-        barriers = sorted({b.instant for b in bases[fg]})  # ascending, for bisect
-        base_of = {b.instant: b.name for b in bases[fg]}
+        base_of: dict[str, str | None] = {b.instant: b.name for b in bases[fg]}
+        if fg in pending and pending[fg] not in base_of:
+            base_of[pending[fg]] = None
+        barriers = sorted(base_of)  # ascending, for bisect
         members: dict[str, list[LogFile]] = defaultdict(list)
         older: list[tuple[str, LogFile]] = []  # completed before every base file
         for completion, log in logs[fg]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -205,3 +206,8 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
 def file_schema(table_schema: pa.Schema) -> pa.Schema:
     """The Parquet schema of a log or base file: data columns (nullable) plus meta columns."""
     return pa.schema([f.with_nullable(True) for f in table_schema] + META_FIELDS)
+
+
+def constant_strings(value: str, n: int) -> pa.Array:
+    """`n` copies of `value`, built without a Python object per row."""
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value])).cast(pa.string())

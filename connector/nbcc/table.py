@@ -6,7 +6,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 
-from .clock import TimeGenerator
+from .clock import TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .config import (
     DEFAULT_BUCKETS,
@@ -20,7 +20,7 @@ from .config import (
 from .errors import InvalidOptionError, SchemaError, TableExistsError, TableNotFoundError
 from .file_slices import FileSlice
 from .filenames import make_token
-from .reader import Snapshot, plan_snapshot, read_slices
+from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, slices_by_group, table_view
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
@@ -148,26 +148,54 @@ class Table:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def snapshot(self) -> Snapshot:
-        return plan_snapshot(self.storage, self.config)
+    def plan(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
+             incremental_format: str | None = None, include_meta_columns: Any = False,
+             filter: Any = None) -> ScanPlan:
+        """Plan a read (see `read`): its output schema and its tasks, one per file group read."""
+        timeline = Timeline.load(self.storage)
+        schema = table_view(self.storage, self.config, timeline, None).schema if filter is not None else None
+        options = ReadOptions.build(query_type=query_type, as_of=as_of, begin=begin, end=end,
+                                    incremental_format=incremental_format,
+                                    include_meta_columns=include_meta_columns, filter=filter, schema=schema)
+        return plan_scan(self.storage, self.config, options, timeline)
 
-    def schema(self) -> pa.Schema:
-        """The current schema: the created one plus columns that completed commits added."""
-        return self.snapshot().schema
+    def read(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
+             incremental_format: str | None = None, include_meta_columns: Any = False,
+             filter: Any = None) -> pa.Table:
+        """Read the table; with no arguments, the merged snapshot (one row per live record key).
 
-    def read(self) -> pa.Table:
-        """The merged snapshot: one row per live record key."""
-        snap = self.snapshot()
-        parts = list(read_slices(self.storage, self.config, snap))
-        return pa.concat_tables(parts) if parts else snap.schema.empty_table()
+        as_of: a 17-digit instant time or ISO-8601 timestamp: the state made of the commits that
+            completed at or before it (time travel).
+        query_type: "snapshot" (default), "read_optimized" (base files only: fast, maybe stale)
+            or "incremental" (the keys changed by commits that completed in (begin, end]).
+        begin, end: the incremental range of completion times; begin may be "earliest", end
+            defaults to the latest completion.
+        incremental_format: "latest_state" (default: each changed key's state as of end, deleted
+            keys absent) or "cdc" (one row per changed key: _change_type, before, after).
+        include_meta_columns: add _nbcc_commit_time, _nbcc_completion_time, _nbcc_record_key,
+            _nbcc_partition and _nbcc_file_group.
+        filter: a list of (column, op, value) tuples (all must hold; used to skip partitions,
+            buckets and files, see nbcc.expr) or a pyarrow compute expression (applied to rows).
+        """
+        plan = self.plan(as_of=as_of, query_type=query_type, begin=begin, end=end,
+                         incremental_format=incremental_format, include_meta_columns=include_meta_columns,
+                         filter=filter)
+        return read_plan(self.storage, plan)
+
+    def schema(self, as_of: Any = None) -> pa.Schema:
+        """The schema: the created one plus columns that completed commits added (by `as_of`)."""
+        when = parse_time_option(as_of, "as_of") if as_of is not None else None
+        return table_view(self.storage, self.config, Timeline.load(self.storage), when).schema
 
     def timeline(self) -> list[Instant]:
         """Every instant on the timeline, oldest first."""
         return list(Timeline.load(self.storage).instants)
 
-    def file_slices(self) -> list[FileSlice]:
+    def file_slices(self, as_of: Any = None) -> list[FileSlice]:
         """The latest file slice of every file group, by partition and file group."""
-        return list(self.snapshot().slices)
+        when = parse_time_option(as_of, "as_of") if as_of is not None else None
+        view = table_view(self.storage, self.config, Timeline.load(self.storage), when)
+        return [slices[0] for _, slices in sorted(slices_by_group(self.storage, view).items())]
 
     def __repr__(self) -> str:
         c = self.config

@@ -25,7 +25,9 @@ TIMELINE_DIR = ".nbcc/timeline"
 
 DELTA_COMMIT = "deltacommit"  # upserts and deletes: log files
 REPLACE_COMMIT = "replacecommit"  # overwrite: hides everything that completed before it
-ACTIONS = (DELTA_COMMIT, REPLACE_COMMIT)
+DATA_ACTIONS = (DELTA_COMMIT, REPLACE_COMMIT)  # the commits that change records
+COMPACTION = "compaction"  # a pending compaction: <Tc>.compaction.requested holds its plan
+COMPACTION_COMMIT = "commit"  # a completed compaction: <Tc>_<completion>.commit lists base files
 
 REQUESTED, INFLIGHT, COMPLETED = "requested", "inflight", "completed"
 _STATE_RANK = {REQUESTED: 0, INFLIGHT: 1, COMPLETED: 2}
@@ -161,3 +163,16 @@ def remove_pending_files(storage: Storage, instant: str, action: str) -> None:
     """After completion (or rollback) the requested/inflight files are no longer needed."""
     for state in (INFLIGHT, REQUESTED):
         storage.delete(f"{TIMELINE_DIR}/{instant}.{action}.{state}")
+
+
+def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
+    """The plan of compaction `instant` (immutable once written, so cached)."""
+    key = (storage.uri, f"{instant}.{COMPACTION}.{REQUESTED}")
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    plan = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant}.{COMPACTION}.{REQUESTED}"))
+    with _CACHE_LOCK:
+        _CACHE[key] = plan
+    return plan

@@ -20,9 +20,10 @@ import pyarrow.parquet as pq
 from .buckets import file_group_id
 from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
 from .errors import SchemaError
+from .expr import supported_type
 from .filenames import log_file_name
 from .partitions import split_rows
-from .schema import COMMIT_TIME_COL, IS_DELETED_COL, RECORD_KEY_COL, conform, file_schema
+from .schema import COMMIT_TIME_COL, IS_DELETED_COL, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
 
 # Spark hands over 10k-row batches; buffer them so that row groups are big enough to read fast.
@@ -37,10 +38,6 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, (decimal.Decimal, bytes)):
         return str(value)
     return value
-
-
-def _constant_strings(value: str, n: int) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value])).cast(pa.string())
 
 
 def record_key_strings(table: pa.Table, record_key: Sequence[str]) -> pa.ChunkedArray | pa.Array:
@@ -92,10 +89,32 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
     else:
         deleted = pa.array(np.zeros(n, dtype=bool))
     data = conform(table, table_schema)
-    return (data.append_column(COMMIT_TIME_COL, _constant_strings(instant, n))
+    return (data.append_column(COMMIT_TIME_COL, constant_strings(instant, n))
                 .append_column(RECORD_KEY_COL, record_key_strings(table, config.record_key))
                 .append_column(IS_DELETED_COL, deleted)
                 .cast(file_schema(table_schema)))
+
+
+MAX_STAT_STRING = 256  # longer strings get no min/max (a truncated max would be wrong)
+
+
+def _update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Sequence[str]) -> None:
+    """Per column: min and max of the non-null values, and the null count, for skipping files.
+    `min`/`max` are None when every value is null; absent when not known (long strings)."""
+    for name in columns:
+        col = chunk.column(name)
+        mm = pc.min_max(col)
+        lo, hi = _jsonable(mm["min"].as_py()), _jsonable(mm["max"].as_py())
+        cur = stats.setdefault(name, {"min": None, "max": None, "nulls": 0})
+        cur["nulls"] += col.null_count
+        if "min" not in cur:
+            continue
+        if isinstance(hi, str) and (len(hi) > MAX_STAT_STRING or len(lo) > MAX_STAT_STRING):
+            del cur["min"], cur["max"]
+            continue
+        if lo is not None:
+            cur["min"] = lo if cur["min"] is None else min(cur["min"], lo)
+            cur["max"] = hi if cur["max"] is None else max(cur["max"], hi)
 
 
 @dataclass
@@ -111,6 +130,7 @@ class _OpenLog:
     name: str = ""
     rows: int = 0
     ordering: list[tuple[Any, Any]] = field(default_factory=list)
+    stats: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 class LogWriter:
@@ -126,6 +146,7 @@ class LogWriter:
         self.max_bytes = int(max_log_file_bytes or DEFAULT_MAX_LOG_FILE_BYTES)
         self.row_group_bytes = min(ROW_GROUP_BYTES, max(self.max_bytes // 4, 1))
         self._open: dict[tuple[str, int], _OpenLog] = {}
+        self.stats_columns = [f.name for f in table_schema if supported_type(f.type)]
         self.files: list[dict[str, Any]] = []
 
     def write(self, rows: pa.Table) -> None:
@@ -160,6 +181,7 @@ class LogWriter:
         if self.config.ordering_field:
             mm = pc.min_max(chunk.column(self.config.ordering_field))
             log.ordering.append((mm["min"].as_py(), mm["max"].as_py()))
+        _update_stats(log.stats, chunk, self.stats_columns)
         if log.sink.tell() >= self.max_bytes:
             self._close_file(log)
             log.version += 1
@@ -184,8 +206,9 @@ class LogWriter:
         if values:
             info["ordering_min"] = _jsonable(min(values))
             info["ordering_max"] = _jsonable(max(values))
+        info["stats"] = log.stats
         self.files.append(info)
-        log.writer, log.sink, log.rows, log.ordering = None, None, 0, []
+        log.writer, log.sink, log.rows, log.ordering, log.stats = None, None, 0, [], {}
 
     def close(self) -> list[dict[str, Any]]:
         """Flush and close every file; returns what was written (for the commit metadata)."""

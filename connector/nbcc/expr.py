@@ -1,0 +1,206 @@
+"""Predicates on top-level columns: what a read can prune with and apply exactly.
+
+Spark's pushed filters and the Python API's `filter=` both become a conjunction of `Predicate`s.
+Each predicate can
+- be applied exactly to merged rows (`to_arrow`, a pyarrow compute expression);
+- say whether a file slice may hold a matching row, from per-file min/max/null statistics
+  (`may_match`): every value of a merged row comes from some row of the slice's files (in every
+  merge mode), so a slice is skipped only when no file can hold a matching value;
+- give the values it pins a column to (`pinned_values`), for partition and bucket pruning.
+
+Only column types whose comparison semantics are the same in Spark, Arrow and JSON statistics are
+accepted (integers, strings, dates, booleans); others are left for the engine to evaluate.
+
+The Python API's form: a list of tuples, all of which must hold (AND), like pyarrow.parquet's:
+    [("id", "=", 5), ("day", "in", ["2026-11-20", "2026-11-21"]), ("name", "starts_with", "a"),
+     ("price", "is_not_null")]
+Operators: = == != < <= > >= in not_in is_null is_not_null starts_with ends_with contains.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import InvalidOptionError
+
+COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
+OPERATORS = COMPARISONS + ("in", "not_in", "is_null", "is_not_null", "starts_with", "ends_with", "contains")
+_ALIASES = {"==": "=", "not in": "not_in", "is null": "is_null", "is not null": "is_not_null"}
+
+
+def supported_type(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
+            or pa.types.is_date32(t) or pa.types.is_boolean(t))
+
+
+def _stat_value(value: Any) -> Any:
+    """A filter value in the form statistics are recorded in (dates as ISO text)."""
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return value.isoformat()
+    return value
+
+
+@dataclass(frozen=True)
+class Predicate:
+    column: str
+    op: str
+    value: Any = None  # a scalar, or a tuple for in / not_in
+    negated: bool = False  # Not(...) of a comparison the stats cannot use
+
+    # -- exact application -------------------------------------------------------------------
+
+    def to_arrow(self) -> pc.Expression:
+        f = pc.field(self.column)
+        op, v = self.op, self.value
+        if op == "=":
+            e = f == v
+        elif op == "!=":
+            e = f != v
+        elif op == "<":
+            e = f < v
+        elif op == "<=":
+            e = f <= v
+        elif op == ">":
+            e = f > v
+        elif op == ">=":
+            e = f >= v
+        elif op == "in":
+            e = f.isin(list(v))
+        elif op == "not_in":
+            e = ~f.isin(list(v))
+        elif op == "is_null":
+            e = f.is_null()
+        elif op == "is_not_null":
+            e = f.is_valid()
+        elif op == "starts_with":
+            e = pc.starts_with(f, v)
+        elif op == "ends_with":
+            e = pc.ends_with(f, v)
+        else:  # contains
+            e = pc.match_substring(f, v)
+        if op == "not_in":
+            # SQL: x NOT IN (...) is null when x is null; keep nulls out.
+            e = e & f.is_valid()
+        return ~e if self.negated else e
+
+    # -- pruning -----------------------------------------------------------------------------
+
+    def may_match(self, stats: Mapping[str, Any] | None, rows: int) -> bool:
+        """Could a file with these statistics of `self.column` hold a matching value?
+        `stats` is {"min", "max", "nulls"} or None when unknown (then: maybe)."""
+        if stats is None or self.negated:
+            return True
+        nulls = stats.get("nulls")
+        if self.op == "is_null":
+            return nulls is None or nulls > 0
+        if self.op == "is_not_null":
+            return nulls is None or nulls < rows
+        if "min" not in stats:
+            return True  # range not recorded
+        lo, hi = stats["min"], stats["max"]
+        if lo is None or hi is None:
+            return False  # every value is null: no comparison can hold
+        v = self.value
+        try:
+            if self.op == "=":
+                return lo <= _stat_value(v) <= hi
+            if self.op == "<":
+                return lo < _stat_value(v)
+            if self.op == "<=":
+                return lo <= _stat_value(v)
+            if self.op == ">":
+                return hi > _stat_value(v)
+            if self.op == ">=":
+                return hi >= _stat_value(v)
+            if self.op == "in":
+                return any(lo <= _stat_value(x) <= hi for x in v if x is not None)
+            if self.op == "starts_with" and isinstance(lo, str):
+                # Strings starting with v sort between v and v + U+10FFFF.
+                return not (hi < v or lo > v + "\U0010ffff")
+        except TypeError:
+            return True
+        return True
+
+    def pinned_values(self) -> tuple | None:
+        """The only values the column may take for the predicate to hold, if it pins them."""
+        if self.negated:
+            return None
+        if self.op == "=":
+            return (self.value,)
+        if self.op == "in":
+            return tuple(x for x in self.value if x is not None)
+        return None
+
+
+def check_value(column: str, field: pa.Field, op: str, value: Any) -> Any:
+    if op in ("is_null", "is_not_null"):
+        return None
+    if op in ("in", "not_in"):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            raise InvalidOptionError(f"filter on {column!r}: {op} needs a list of values")
+        values = tuple(value)
+        _cast_check(column, field, [x for x in values if x is not None])
+        return values
+    if op in ("starts_with", "ends_with", "contains"):
+        if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)) or not isinstance(value, str):
+            raise InvalidOptionError(f"filter on {column!r}: {op} needs a string column and a string value")
+        return value
+    if value is None:
+        raise InvalidOptionError(f"filter on {column!r}: compare with None using is_null / is_not_null")
+    _cast_check(column, field, [value])
+    return value
+
+
+def _cast_check(column: str, field: pa.Field, values: Sequence[Any]) -> None:
+    try:
+        pa.array(values, type=field.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        raise InvalidOptionError(
+            f"filter on {column!r} ({field.type}): value(s) {list(values)!r} do not fit the column: {exc}"
+        ) from None
+
+
+def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], pc.Expression | None]:
+    """The Python API's `filter=`: (predicates used for pruning and applied exactly, or an opaque
+    pyarrow expression applied exactly after merging)."""
+    if spec is None:
+        return (), None
+    if isinstance(spec, pc.Expression):
+        return (), spec
+    if isinstance(spec, tuple) and spec and isinstance(spec[0], str):
+        spec = [spec]
+    if not isinstance(spec, list) or not all(isinstance(t, tuple) for t in spec):
+        raise InvalidOptionError(
+            "filter must be a pyarrow compute expression or a list of (column, op, value) tuples, "
+            f"e.g. [('id', '=', 5), ('day', 'in', ['2026-11-21'])]; ops: {', '.join(OPERATORS)}"
+        )
+    preds = []
+    for item in spec:
+        if len(item) not in (2, 3):
+            raise InvalidOptionError(f"filter item {item!r} must be (column, op) or (column, op, value)")
+        column, op = item[0], _ALIASES.get(str(item[1]).strip().lower(), str(item[1]).strip().lower())
+        value = item[2] if len(item) == 3 else None
+        if op not in OPERATORS:
+            raise InvalidOptionError(f"filter operator {item[1]!r} is unknown; use one of {', '.join(OPERATORS)}")
+        if column not in schema.names:
+            raise InvalidOptionError(f"filter column {column!r} is not in the table; columns are {schema.names}")
+        field = schema.field(column)
+        if not supported_type(field.type) and op not in ("is_null", "is_not_null"):
+            raise InvalidOptionError(
+                f"filter column {column!r} has type {field.type}; the tuple form supports integer, "
+                "string, date and boolean columns (use a pyarrow expression for others)"
+            )
+        preds.append(Predicate(column, op, check_value(column, field, op, value)))
+    return tuple(preds), None
+
+
+def conjunction(preds: Sequence[Predicate], extra: pc.Expression | None = None) -> pc.Expression | None:
+    expr = extra
+    for p in preds:
+        expr = p.to_arrow() if expr is None else expr & p.to_arrow()
+    return expr

@@ -1,0 +1,472 @@
+"""Planning and running reads: snapshot, time travel, read-optimized, incremental and CDC.
+
+A read is planned from one listing of the timeline into `ScanTask`s, one per file group (a Spark
+input partition each), and each task is read independently.
+
+- Time travel (`as_of=T`, RFC-66): only commits whose completion time is <= T exist; a commit
+  that started before T but completed after it is treated as pending. The latest file slice per
+  file group is then exactly the state at T.
+- Incremental (`begin`, `end`]: the data commits that completed in the range say which record
+  keys changed; the result is their merged state as of `end` (`latest_state`) or their state as
+  of `begin` and as of `end` side by side (`cdc`). Only file groups the range touched are read.
+  Because log order is by instant, a record written before `begin` can still win over one
+  written in the range, so the merge reads the touched file groups' slices, not just the
+  range's files.
+- Pruning: partition values, the buckets of record keys pinned by `=`/`in`, and per-file
+  min/max/null statistics recorded at write time. Filters are also applied exactly after merging.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .buckets import bucket_ids, file_group_id
+from .clock import parse_time_option
+from .config import TableConfig
+from .errors import InvalidOptionError
+from .expr import Predicate, conjunction, parse_filter
+from .file_slices import FileSlice, build_file_slices
+from .filenames import parse_data_file
+from .partitions import parse_partition_path
+from .reader import read_columns, read_files
+from .schema import COMMIT_TIME_COL, RECORD_KEY_COL, constant_strings, merge_added_columns, schema_from_json
+from .storage import Storage
+from .timeline import (
+    COMPACTION,
+    COMPACTION_COMMIT,
+    DATA_ACTIONS,
+    REPLACE_COMMIT,
+    Instant,
+    Timeline,
+    read_commit_metadata,
+    read_compaction_plan,
+)
+
+SNAPSHOT, INCREMENTAL, READ_OPTIMIZED = "snapshot", "incremental", "read_optimized"
+QUERY_TYPES = (SNAPSHOT, INCREMENTAL, READ_OPTIMIZED)
+LATEST_STATE, CDC = "latest_state", "cdc"
+INCREMENTAL_FORMATS = (LATEST_STATE, CDC)
+EARLIEST = "earliest"
+_BEFORE_ALL = "0" * 17
+
+COMPLETION_TIME_COL = "_nbcc_completion_time"
+PARTITION_COL = "_nbcc_partition"
+FILE_GROUP_COL = "_nbcc_file_group"
+CHANGE_TYPE_COL = "_change_type"
+META_OUTPUT_FIELDS = [
+    pa.field(COMMIT_TIME_COL, pa.string(), nullable=False),
+    pa.field(COMPLETION_TIME_COL, pa.string(), nullable=False),
+    pa.field(RECORD_KEY_COL, pa.string(), nullable=False),
+    pa.field(PARTITION_COL, pa.string(), nullable=False),
+    pa.field(FILE_GROUP_COL, pa.string(), nullable=False),
+]
+
+
+# -- options -----------------------------------------------------------------------------------
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise InvalidOptionError(f"expected true or false, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    query_type: str = SNAPSHOT
+    as_of: str | None = None
+    begin: str | None = None  # exclusive; None = earliest
+    end: str | None = None  # inclusive; None = latest completion
+    incremental_format: str = LATEST_STATE
+    include_meta_columns: bool = False
+    predicates: tuple[Predicate, ...] = ()
+    arrow_filter: pc.Expression | None = None
+
+    @classmethod
+    def build(cls, *, query_type: str | None = None, as_of: Any = None, begin: Any = None, end: Any = None,
+              incremental_format: str | None = None, include_meta_columns: Any = False,
+              filter: Any = None, schema: pa.Schema | None = None) -> "ReadOptions":
+        qt = (query_type or SNAPSHOT).strip().lower()
+        if qt not in QUERY_TYPES:
+            raise InvalidOptionError(f"query_type must be one of {', '.join(QUERY_TYPES)}; got {query_type!r}")
+        fmt = (incremental_format or LATEST_STATE).strip().lower()
+        if fmt not in INCREMENTAL_FORMATS:
+            raise InvalidOptionError(
+                f"incremental_format must be one of {', '.join(INCREMENTAL_FORMATS)}; got {incremental_format!r}")
+        if qt != INCREMENTAL:
+            given = [n for n, v in (("begin", begin), ("end", end), ("incremental_format", incremental_format))
+                     if v is not None]
+            if given:
+                raise InvalidOptionError(f"{', '.join(given)} apply only to query_type=incremental")
+        elif as_of is not None:
+            raise InvalidOptionError("as_of does not apply to query_type=incremental: use begin and end")
+        meta = _bool(include_meta_columns)
+        if qt == INCREMENTAL and fmt == CDC and meta:
+            raise InvalidOptionError("include_meta_columns does not apply to cdc output (it has its own columns)")
+        begin_t = None
+        if begin is not None and str(begin).strip().lower() != EARLIEST:
+            begin_t = parse_time_option(begin, "begin")
+        end_t = parse_time_option(end, "end") if end is not None else None
+        if begin_t and end_t and begin_t > end_t:
+            raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
+        preds, arrow_filter = parse_filter(filter, schema) if filter is not None else ((), None)
+        if (preds or arrow_filter is not None) and qt == INCREMENTAL and fmt == CDC:
+            raise InvalidOptionError("filter applies to snapshot, read_optimized and latest_state reads, not cdc")
+        return cls(qt, parse_time_option(as_of, "as_of") if as_of is not None else None, begin_t, end_t, fmt,
+                   meta, preds, arrow_filter)
+
+    @property
+    def is_cdc(self) -> bool:
+        return self.query_type == INCREMENTAL and self.incremental_format == CDC
+
+
+# -- the table as of a time --------------------------------------------------------------------
+
+@dataclass
+class TableView:
+    """The timeline restricted to what had completed at `as_of` (None: everything)."""
+
+    completed: list[Instant]  # completion order
+    metas: dict[str, dict[str, Any]]  # instant -> commit metadata
+    completion: dict[str, str | None]  # instant -> completion time, None if not completed by as_of
+    pending_compactions: list[str]  # compaction instants scheduled by as_of, not completed by it
+    schema: pa.Schema
+    overwrite_cutoff: str | None  # completion time of the latest overwrite
+
+    def file_info(self) -> dict[str, dict[str, Any]]:
+        """file name -> its descriptor in the commit metadata."""
+        return {f["name"]: f for meta in self.metas.values() for f in meta["files"]}
+
+
+def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None) -> TableView:
+    completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
+    metas = {i.instant: read_commit_metadata(storage, i) for i in completed}
+    schema = merge_added_columns(
+        config.schema, (schema_from_json(metas[i.instant]["schema"]) for i in completed if "schema" in metas[i.instant]))
+    done = {i.instant: i.completion for i in completed}
+    completion = {i.instant: done.get(i.instant) for i in timeline.instants}
+    pending = [i.instant for i in timeline.instants
+               if i.action in (COMPACTION, COMPACTION_COMMIT) and (as_of is None or i.instant <= as_of)
+               and i.instant not in done]
+    cutoff = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
+    return TableView(completed, metas, completion, pending, schema, cutoff)
+
+
+def _visible(inst: Instant, meta: Mapping[str, Any], cutoff: str | None) -> bool:
+    if cutoff is None:
+        return True
+    if inst.action == COMPACTION_COMMIT:
+        return inst.instant >= cutoff  # a compaction planned before an overwrite holds older data
+    return inst.completion >= cutoff
+
+
+def slices_by_group(storage: Storage, view: TableView) -> dict[tuple[str, str], list[FileSlice]]:
+    """(partition, file group) -> its file slices as of the view, newest first."""
+    files: dict[str, list[str]] = defaultdict(list)
+    for inst in view.completed:
+        meta = view.metas[inst.instant]
+        if _visible(inst, meta, view.overwrite_cutoff):
+            for f in meta["files"]:
+                files[f["partition"]].append(f["name"])
+    pending: dict[str, dict[str, str]] = defaultdict(dict)
+    for tc in view.pending_compactions:
+        for op in read_compaction_plan(storage, tc)["operations"]:
+            pending[op["partition"]][op["file_group"]] = tc
+    out: dict[tuple[str, str], list[FileSlice]] = {}
+    for partition in sorted(files):
+        groups = build_file_slices(files[partition], view.completion, partition, pending.get(partition))
+        for fg, slices in groups.items():
+            out[(partition, fg)] = slices
+    return out
+
+
+# -- plans -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ScanTask:
+    """One file group's share of a read (a Spark input partition)."""
+
+    partition: str
+    file_group_id: str
+    files: tuple[str, ...]  # what to merge for the result, in log order
+    begin_files: tuple[str, ...] = ()  # cdc: what to merge for the state as of begin
+    range_files: tuple[str, ...] = ()  # incremental: log files of the commits in the range
+    reset: bool = False  # an overwrite in the range: every key of the earlier state changed
+
+
+@dataclass
+class ScanPlan:
+    options: ReadOptions
+    config: TableConfig
+    schema: pa.Schema  # the table's schema as of the read
+    output_schema: pa.Schema
+    tasks: list[ScanTask] = field(default_factory=list)
+    completion: dict[str, str] = field(default_factory=dict)  # instant -> completion, for meta columns
+    change_completion: dict[str, str] = field(default_factory=dict)  # cdc: instants in the range
+
+
+def _task_files(slices: list[FileSlice], read_optimized: bool) -> tuple[str, ...] | None:
+    """What a reader merges for a file group: its latest slice, plus the slice before it while
+    the latest one waits for a pending compaction (it has no base file yet)."""
+    if read_optimized:
+        based = [s for s in slices if s.base_file]
+        return (based[0].base_file,) if based else None
+    latest = slices[0]
+    if latest.base_file is None and len(slices) > 1 and _is_pending_barrier(latest):
+        return tuple(slices[1].file_names() + latest.file_names())
+    return tuple(latest.file_names())
+
+
+def _is_pending_barrier(s: FileSlice) -> bool:
+    # A slice opened by a log file has the instant of one of its logs; one opened by a pending
+    # compaction has the compaction's instant, which no log carries.
+    return all(parse_data_file(n).instant != s.base_instant for n in s.log_files)
+
+
+def _partition_values(config: TableConfig, schema: pa.Schema, partition: str) -> pa.Table:
+    texts = parse_partition_path(partition)
+    cols = {}
+    for name in config.partition_by:
+        f = schema.field(name)
+        try:
+            cols[name] = pa.array([texts.get(name)], pa.string()).cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return pa.table({})  # cannot type it: do not prune on it
+    return pa.table(cols)
+
+
+def _keep(config: TableConfig, schema: pa.Schema, preds: tuple[Predicate, ...], partition: str, fg: str,
+          files: Iterable[str], info: Mapping[str, Mapping[str, Any]], commit_columns: Mapping[str, set[str]],
+          allowed_groups: set[str] | None) -> bool:
+    if allowed_groups is not None and fg not in allowed_groups:
+        return False
+    part_preds = [p for p in preds if p.column in config.partition_by]
+    if part_preds:
+        values = _partition_values(config, schema, partition)
+        if values.num_columns == len(config.partition_by):
+            if values.filter(conjunction(part_preds)).num_rows == 0:
+                return False
+    files = list(files)
+    for p in preds:
+        if p.column in config.partition_by:
+            continue
+        if not any(p.may_match(_file_stats(info.get(n), n, p.column, commit_columns), int(info.get(n, {}).get("rows", 1)))
+                   for n in files):
+            return False
+    return True
+
+
+def _file_stats(f: Mapping[str, Any] | None, name: str, column: str, commit_columns: Mapping[str, set[str]]):
+    if f is None or "stats" not in f:
+        return None  # unknown: keep
+    if column in f["stats"]:
+        return f["stats"][column]
+    cols = commit_columns.get(parse_data_file(name).instant)
+    if cols is not None and column not in cols:
+        return {"min": None, "max": None, "nulls": int(f["rows"])}  # column added after this file
+    return None
+
+
+def _allowed_groups(config: TableConfig, preds: tuple[Predicate, ...]) -> set[str] | None:
+    if len(config.record_key) != 1:
+        return None
+    key = config.record_key[0]
+    allowed = None
+    for p in preds:
+        values = p.pinned_values() if p.column == key else None
+        if values is not None:
+            groups = {file_group_id(int(b)) for b in bucket_ids(pa.array(list(values), config.schema.field(key).type),
+                                                                  config.buckets)} if values else set()
+            allowed = groups if allowed is None else allowed & groups
+    return allowed
+
+
+def _output_schema(config: TableConfig, schema: pa.Schema, options: ReadOptions) -> pa.Schema:
+    if options.is_cdc:
+        keys = [schema.field(k) for k in config.record_key]
+        data = pa.struct([f.with_nullable(True) for f in schema])
+        return pa.schema(keys + [pa.field(CHANGE_TYPE_COL, pa.string(), nullable=False),
+                                 pa.field(COMPLETION_TIME_COL, pa.string(), nullable=False),
+                                 pa.field("before", data, nullable=True),
+                                 pa.field("after", data, nullable=True)])
+    return pa.schema(list(schema) + (META_OUTPUT_FIELDS if options.include_meta_columns else []))
+
+
+def read_schema(storage: Storage, config: TableConfig, options: ReadOptions) -> pa.Schema:
+    """The output schema of a read, without planning it."""
+    timeline = Timeline.load(storage)
+    when = options.as_of if options.query_type != INCREMENTAL else (options.end or timeline.latest_completion())
+    return _output_schema(config, table_view(storage, config, timeline, when).schema, options)
+
+
+def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline | None = None
+              ) -> ScanPlan:
+    timeline = timeline or Timeline.load(storage)
+    if options.query_type == INCREMENTAL:
+        return _plan_incremental(storage, config, options, timeline)
+    if options.as_of is not None:
+        _check_readable(timeline, options.as_of, "as_of")
+    view = table_view(storage, config, timeline, options.as_of)
+    plan = ScanPlan(options, config, view.schema, _output_schema(config, view.schema, options),
+                    completion={i.instant: i.completion for i in view.completed})
+    info = view.file_info()
+    commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in view.metas.items()}
+    allowed = _allowed_groups(config, options.predicates)
+    for (partition, fg), slices in slices_by_group(storage, view).items():
+        files = _task_files(slices, options.query_type == READ_OPTIMIZED)
+        if files and _keep(config, view.schema, options.predicates, partition, fg, files, info, commit_columns, allowed):
+            plan.tasks.append(ScanTask(partition, fg, files))
+    return plan
+
+
+def _check_readable(timeline: Timeline, when: str, name: str) -> None:
+    done = timeline.completed()
+    if not done:
+        raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")
+    oldest = done[0].completion
+    if when < oldest:
+        raise InvalidOptionError(
+            f"{name}={when} is before the oldest state that can be read: the first retained commit "
+            f"completed at {oldest}; use a time at or after it"
+        )
+
+
+def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline) -> ScanPlan:
+    latest = timeline.latest_completion()
+    if latest is None:
+        raise InvalidOptionError("incremental read: the table has no completed commits yet")
+    begin = options.begin or _BEFORE_ALL
+    end = options.end or latest
+    if begin > end:
+        raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
+    end_view = table_view(storage, config, timeline, end)
+    begin_view = table_view(storage, config, timeline, begin) if begin != _BEFORE_ALL else None
+    in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]
+    plan = ScanPlan(options, config, end_view.schema, _output_schema(config, end_view.schema, options),
+                    completion={i.instant: i.completion for i in end_view.completed},
+                    change_completion={i.instant: i.completion for i in in_range})
+    reset = any(i.action == REPLACE_COMMIT for i in in_range)
+    range_files: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for inst in in_range:
+        for f in end_view.metas[inst.instant]["files"]:
+            range_files[(f["partition"], f["file_group"])].append(f["name"])
+    end_groups = slices_by_group(storage, end_view)
+    begin_groups = slices_by_group(storage, begin_view) if begin_view else {}
+    touched = set(range_files) | (set(begin_groups) if reset else set())
+    info = end_view.file_info()
+    commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in end_view.metas.items()}
+    allowed = _allowed_groups(config, options.predicates)
+    for partition, fg in sorted(touched):
+        end_files = _task_files(end_groups[(partition, fg)], False) if (partition, fg) in end_groups else ()
+        begin_files = ()
+        if (options.is_cdc or reset) and (partition, fg) in begin_groups:
+            begin_files = _task_files(begin_groups[(partition, fg)], False)
+        if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
+                                            end_files or (), info, commit_columns, allowed):
+            continue
+        plan.tasks.append(ScanTask(partition, fg, tuple(end_files or ()), tuple(begin_files or ()),
+                                   tuple(range_files.get((partition, fg), ())), reset))
+    return plan
+
+
+# -- running a task ----------------------------------------------------------------------------
+
+def _merged(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str, files: Iterable[str]) -> pa.Table:
+    return read_files(storage, config, schema, partition, list(files), include_meta=True)
+
+
+def _with_meta(plan: ScanPlan, task: ScanTask, merged: pa.Table) -> pa.Table:
+    n = merged.num_rows
+    instants = merged.column(COMMIT_TIME_COL).combine_chunks().dictionary_encode()
+    completions = pa.array([plan.completion.get(v) for v in instants.dictionary.to_pylist()], pa.string())
+    out = merged.append_column(COMPLETION_TIME_COL, completions.take(instants.indices))
+    out = out.append_column(PARTITION_COL, constant_strings(task.partition, n))
+    return out.append_column(FILE_GROUP_COL, constant_strings(task.file_group_id, n))
+
+
+def read_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
+    """The rows of one task, in `plan.output_schema`."""
+    config, options = plan.config, plan.options
+    if options.is_cdc:
+        return _read_cdc(storage, plan, task)
+    merged = _merged(storage, config, plan.schema, task.partition, task.files)
+    if options.query_type == INCREMENTAL:
+        merged = merged.filter(pc.is_in(merged.column(RECORD_KEY_COL), value_set=_touched_keys(storage, plan, task)))
+    if options.include_meta_columns:
+        merged = _with_meta(plan, task, merged)
+    expr = conjunction(options.predicates, options.arrow_filter)
+    if expr is not None and merged.num_rows:
+        merged = merged.filter(expr)
+    return merged.select(plan.output_schema.names).cast(plan.output_schema)
+
+
+def _range_rows(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
+    """Record keys and instants written in the range to this file group."""
+    return read_columns(storage, task.partition, task.range_files, [RECORD_KEY_COL, COMMIT_TIME_COL])
+
+
+def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:
+    keys = _range_rows(storage, plan, task).column(RECORD_KEY_COL)
+    if task.reset and task.begin_files:
+        before = _merged(storage, plan.config, plan.schema, task.partition, task.begin_files)
+        keys = pa.chunked_array(keys.chunks + before.column(RECORD_KEY_COL).chunks, pa.string())
+    return pc.unique(keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys)
+
+
+def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
+    config, schema = plan.config, plan.schema
+    rows = _range_rows(storage, plan, task)
+    # When each key last changed: the greatest completion time among the range's commits.
+    instants = rows.column(COMMIT_TIME_COL).combine_chunks().dictionary_encode()
+    completions = pa.array([plan.change_completion[v] for v in instants.dictionary.to_pylist()], pa.string())
+    changed = pa.table({"k": rows.column(RECORD_KEY_COL), "c": completions.take(instants.indices)}) \
+        .group_by("k").aggregate([("c", "max")])
+    keys = changed.column("k").combine_chunks()
+    last_change = changed.column("c_max").combine_chunks()
+    before = _merged(storage, config, schema, task.partition, task.begin_files).select(list(schema.names) + [RECORD_KEY_COL])
+    after = _merged(storage, config, schema, task.partition, task.files).select(list(schema.names) + [RECORD_KEY_COL])
+    if task.reset:  # an overwrite in the range changed every earlier key
+        extra = pc.filter(before.column(RECORD_KEY_COL), pc.invert(pc.is_in(before.column(RECORD_KEY_COL), value_set=keys)))
+        keys = pa.concat_arrays([keys, extra.combine_chunks()])
+        reset_time = max(plan.change_completion.values())
+        last_change = pa.concat_arrays([last_change, pa.array([reset_time] * len(extra), pa.string())])
+    b_idx = pc.index_in(keys, value_set=before.column(RECORD_KEY_COL).combine_chunks())
+    a_idx = pc.index_in(keys, value_set=after.column(RECORD_KEY_COL).combine_chunks())
+    b_rows, a_rows = before.take(b_idx), after.take(a_idx)
+    has_b, has_a = b_idx.is_valid(), a_idx.is_valid()
+    same = pc.and_(has_b, has_a)
+    for name in schema.names:
+        b, a = b_rows.column(name), a_rows.column(name)
+        eq = pc.or_kleene(pc.equal(b, a), pc.and_(b.is_null(), a.is_null())).fill_null(False)
+        same = pc.and_(same, eq)
+    keep = pc.and_(pc.or_(has_b, has_a), pc.invert(same))
+    change = pc.if_else(pc.invert(has_b), "insert", pc.if_else(pc.invert(has_a), "delete", "update"))
+    struct_type = plan.output_schema.field("before").type
+
+    def as_struct(t: pa.Table, present: pa.Array) -> pa.Array:
+        arrays = [t.column(f.name).combine_chunks() for f in struct_type]
+        return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=pc.invert(present))
+
+    cols = {k: pc.coalesce(a_rows.column(k), b_rows.column(k)) for k in config.record_key}
+    out = pa.table({**cols, CHANGE_TYPE_COL: change, COMPLETION_TIME_COL: last_change,
+                    "before": as_struct(b_rows, has_b), "after": as_struct(a_rows, has_a)})
+    return out.filter(keep).cast(plan.output_schema)
+
+
+def read_plan(storage: Storage, plan: ScanPlan, threads: int = 4) -> pa.Table:
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not plan.tasks:
+        return plan.output_schema.empty_table()
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(plan.tasks)))) as pool:
+        parts = list(pool.map(lambda t: read_task(storage, plan, t), plan.tasks))
+    return pa.concat_tables(parts)
