@@ -106,7 +106,7 @@ class ReadOptions:
             given = [n for n, v in (("begin", begin), ("end", end), ("incremental_format", incremental_format))
                      if v is not None]
             if given:
-                raise InvalidOptionError(f"{', '.join(given)} apply only to query_type=incremental")
+                raise InvalidOptionError(f"{', '.join(given)}: only for query_type=incremental")
         elif as_of is not None:
             raise InvalidOptionError("as_of does not apply to query_type=incremental: use begin and end")
         meta = _bool(include_meta_columns)

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from .clock import TimeGenerator, parse_time_option
 from .commit import WriteTransaction
+from .compaction import run_compaction, schedule_compaction
 from .config import (
     DEFAULT_BUCKETS,
     DEFAULT_LOCK_LEASE_MS,
@@ -145,6 +146,25 @@ class Table:
                 writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
         txn.commit(writer.close())
         return txn.instant
+
+    # -- table services ----------------------------------------------------------------------
+
+    def schedule_compaction(self) -> str | None:
+        """Plan a compaction of every file group with log files; its instant, or None if there is
+        nothing to compact. Writers keep writing; nothing waits for the compaction."""
+        return schedule_compaction(self.storage, self.config, self.clock)
+
+    def run_compaction(self, instant: str) -> str | None:
+        """Execute a scheduled compaction in this process; its completion time (None if another
+        execution completed it first). Safe to re-run after a crash."""
+        return run_compaction(self.storage, self.config, self.clock, instant)
+
+    def compact(self) -> str | None:
+        """Schedule and execute a compaction; its instant, or None if there was nothing to do."""
+        tc = self.schedule_compaction()
+        if tc is not None:
+            self.run_compaction(tc)
+        return tc
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -98,7 +98,7 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
 MAX_STAT_STRING = 256  # longer strings get no min/max (a truncated max would be wrong)
 
 
-def _update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Sequence[str]) -> None:
+def update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Sequence[str]) -> None:
     """Per column: min and max of the non-null values, and the null count, for skipping files.
     `min`/`max` are None when every value is null; absent when not known (long strings)."""
     for name in columns:
@@ -181,7 +181,7 @@ class LogWriter:
         if self.config.ordering_field:
             mm = pc.min_max(chunk.column(self.config.ordering_field))
             log.ordering.append((mm["min"].as_py(), mm["max"].as_py()))
-        _update_stats(log.stats, chunk, self.stats_columns)
+        update_stats(log.stats, chunk, self.stats_columns)
         if log.sink.tell() >= self.max_bytes:
             self._close_file(log)
             log.version += 1

@@ -1,0 +1,124 @@
+"""Compaction: merge a file group's slice into a base file while writers keep writing (RFC-66).
+
+Scheduling takes the lock, which issues the compaction instant Tc, and records the plan in
+`<Tc>.compaction.requested`: per file group, the current base file and the log files committed
+before Tc. Every commit that completes later gets a completion time > Tc and so lands in the new
+slice (Tc is its barrier), whatever its instant; nothing is lost and no writer waits.
+
+Executing merges each planned file group into `<file_group_id>_<token>_<Tc>.parquet` and
+completes the instant as `<Tc>_<completion>.commit`, listing the base files. Each execution uses
+its own token, so a re-run after a crash, or two processes running one plan at once, never write
+the same file; only the files of the execution that completed the instant are ever read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from .clock import TimeGenerator
+from .config import TableConfig
+from .errors import CommitError
+from .filenames import base_file_name, make_token
+from .reader import read_files
+from .scan import slices_by_group, table_view
+from .expr import supported_type
+from .schema import file_schema, schema_from_json, schema_to_json
+from .storage import Storage
+from .timeline import (
+    COMPACTION,
+    COMPACTION_COMMIT,
+    REQUESTED,
+    TIMELINE_DIR,
+    Timeline,
+    create_completed,
+    read_compaction_plan,
+)
+from .writer import COMPRESSION, ROW_GROUP_ROWS, update_stats
+
+
+def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator) -> str | None:
+    """Plan a compaction of every file group with log files; returns Tc, or None if there is
+    nothing to compact."""
+    with clock.locked() as grant:
+        tc = grant.time
+        timeline = Timeline.load(storage)  # under the lock: every completion < Tc is on it
+        view = table_view(storage, config, timeline, None)
+        operations = []
+        for (partition, fg), slices in sorted(slices_by_group(storage, view).items()):
+            latest = slices[0]
+            if latest.base_file is None and latest.base_instant in view.pending_compactions:
+                continue  # already being compacted
+            if not latest.log_files:
+                continue
+            operations.append({"partition": partition, "file_group": fg, "base_file": latest.base_file,
+                               "log_files": list(latest.log_files)})
+        if not operations:
+            return None
+        plan = {"instant": tc, "operations": operations, "schema": schema_to_json(view.schema)}
+        grant.check()
+        if not storage.put_if_absent(f"{TIMELINE_DIR}/{tc}.{COMPACTION}.{REQUESTED}",
+                                     json.dumps(plan, sort_keys=True).encode()):
+            raise CommitError(f"compaction {tc} is already scheduled")
+    return tc
+
+
+def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation: dict[str, Any],
+                       token: str) -> dict[str, Any]:
+    """Merge one planned file group into a base file; returns the file's descriptor."""
+    schema = schema_from_json(read_compaction_plan(storage, tc)["schema"])
+    files = ([operation["base_file"]] if operation["base_file"] else []) + operation["log_files"]
+    # Written even when no record is live: the base file is the barrier that retires the old slice.
+    merged = read_files(storage, config, schema, operation["partition"], files, include_meta=True)
+    merged = merged.cast(file_schema(schema))
+    name = base_file_name(operation["file_group"], token, tc)
+    rel = f"{operation['partition']}/{name}" if operation["partition"] else name
+    with storage.open_write(rel) as sink:
+        pq.write_table(merged, sink, compression=COMPRESSION, row_group_size=ROW_GROUP_ROWS)
+        size = sink.tell()
+        if storage.is_local:
+            sink.flush()
+            os.fsync(sink.fileno())
+    stats: dict[str, Any] = {}
+    update_stats(stats, merged, [f.name for f in schema if supported_type(f.type)])
+    return {"partition": operation["partition"], "file_group": operation["file_group"], "name": name,
+            "rows": merged.num_rows, "bytes": size, "stats": stats}
+
+
+def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: list[dict[str, Any]]) -> str:
+    plan = read_compaction_plan(storage, tc)
+    metadata = {"instant": tc, "action": COMPACTION_COMMIT, "operation": "compact", "schema": plan["schema"],
+                "files": sorted(files, key=lambda f: (f["partition"], f["name"])),
+                "rows": sum(f["rows"] for f in files), "bytes": sum(f["bytes"] for f in files)}
+    with clock.locked() as grant:
+        grant.check()
+        create_completed(storage, tc, grant.time, COMPACTION_COMMIT, metadata)
+        return grant.time
+
+
+def execution_token() -> str:
+    """Numbers no other execution of the same plan picks (a pid and a random number)."""
+    return make_token(os.getpid() % 2**31, random.randrange(2**31), 0)
+
+
+def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, tc: str) -> str | None:
+    """Execute compaction `tc` in this process; returns its completion time (None if another
+    execution completed it first)."""
+    inst = Timeline.load(storage).get(tc)
+    if inst is None:
+        raise CommitError(f"no compaction {tc} on the timeline")
+    if inst.is_completed:
+        return None
+    token = execution_token()
+    files = [compact_file_group(storage, config, tc, op, token) for op in read_compaction_plan(storage, tc)["operations"]]
+    try:
+        return complete_compaction(storage, clock, tc, files)
+    except CommitError:
+        if Timeline.load(storage).get(tc).is_completed:
+            return None  # another execution won; our files are never read
+        raise
+
