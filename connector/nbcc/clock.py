@@ -70,7 +70,7 @@ def parse_time_option(value: object, name: str) -> str:
             return text
         except ValueError:
             pass
-    else:
+    elif not text.isdigit():  # digits of another length are a mistyped instant, not ISO
         try:
             moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
         except ValueError:

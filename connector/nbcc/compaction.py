@@ -44,6 +44,9 @@ from .writer import COMPRESSION, ROW_GROUP_ROWS, update_stats
 def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator) -> str | None:
     """Plan a compaction of every file group with log files; returns Tc, or None if there is
     nothing to compact."""
+    # Read the commit metadata before taking the lock (it is cached), so that under the lock
+    # only one listing and the few commits completed meanwhile are read.
+    table_view(storage, config, Timeline.load(storage), None)
     with clock.locked() as grant:
         tc = grant.time
         timeline = Timeline.load(storage)  # under the lock: every completion < Tc is on it
@@ -72,8 +75,10 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
     """Merge one planned file group into a base file; returns the file's descriptor."""
     schema = schema_from_json(read_compaction_plan(storage, tc)["schema"])
     files = ([operation["base_file"]] if operation["base_file"] else []) + operation["log_files"]
-    # Written even when no record is live: the base file is the barrier that retires the old slice.
-    merged = read_files(storage, config, schema, operation["partition"], files, include_meta=True)
+    # The records that merge like the whole slice with any later record (deletes included: a
+    # late commit with an older instant must still lose to them). Written even when empty: the
+    # base file is the barrier that retires the old slice.
+    merged = read_files(storage, config, schema, operation["partition"], files, compact=True)
     merged = merged.cast(file_schema(schema))
     name = base_file_name(operation["file_group"], token, tc)
     rel = f"{operation['partition']}/{name}" if operation["partition"] else name

@@ -120,8 +120,9 @@ class Predicate:
             if self.op == "in":
                 return any(lo <= _stat_value(x) <= hi for x in v if x is not None)
             if self.op == "starts_with" and isinstance(lo, str):
-                # Strings starting with v sort between v and v + U+10FFFF.
-                return not (hi < v or lo > v + "\U0010ffff")
+                # Strings with prefix v are one contiguous run from v on: a file misses it only
+                # if all its values are below v, or its least value is past the run.
+                return not (hi < v or (lo > v and not lo.startswith(v)))
         except TypeError:
             return True
         return True
@@ -143,7 +144,7 @@ def check_value(column: str, field: pa.Field, op: str, value: Any) -> Any:
     if op in ("in", "not_in"):
         if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
             raise InvalidOptionError(f"filter on {column!r}: {op} needs a list of values")
-        values = tuple(value)
+        values = tuple(_normalize(field, x) for x in value)
         _cast_check(column, field, [x for x in values if x is not None])
         return values
     if op in ("starts_with", "ends_with", "contains"):
@@ -152,7 +153,18 @@ def check_value(column: str, field: pa.Field, op: str, value: Any) -> Any:
         return value
     if value is None:
         raise InvalidOptionError(f"filter on {column!r}: compare with None using is_null / is_not_null")
+    value = _normalize(field, value)
     _cast_check(column, field, [value])
+    return value
+
+
+def _normalize(field: pa.Field, value: Any) -> Any:
+    """ISO text for a date column is a date."""
+    if pa.types.is_date(field.type) and isinstance(value, str):
+        try:
+            return dt.date.fromisoformat(value)
+        except ValueError:
+            return value  # reported by the type check
     return value
 
 

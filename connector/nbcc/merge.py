@@ -1,18 +1,25 @@
 """Merging the records of one file slice by record key, vectorized over whole Arrow tables.
 
-Input rows come in log order (base file first, then log files in log order, rows in file order);
-that position is the tie-breaker everywhere. Per record key:
+Log order is RFC-66's: a record's commit instant first, then its position (base file first, then
+log files by instant, version and token, rows in file order). Ordering by the record's own instant
+(`_nbcc_commit_time`, which base files keep per row) makes a merge give the same answer whether or
+not a compaction folded some of the records into a base file, even when a commit with an older
+instant completes after the compaction. Per record key:
 
 1. A delete with no ordering value (every delete in `commit_time` mode, and `operation=delete`
-   without the ordering column) is ordered by log position alone: rows at or before the last such
+   without the ordering column) is ordered by log order alone: rows at or before the last such
    delete are dropped, and the delete itself stays as a candidate.
-2. The remaining rows are ordered by (ordering value, log position); `commit_time` ignores the
+2. The remaining rows are ordered by (ordering value, log order); `commit_time` ignores the
    ordering value.
 3. `event_time` / `commit_time`: the last row wins; if it is a delete, the key is gone.
    `partial_update`: rows up to the last delete are dropped; each column then takes its last
    non-null value, so writers that own different columns build one joined row.
 
-One sort by (key, ordering, position) and NumPy segment reductions implement all of it.
+`compact=True` returns instead the fewest records that merge to the same result together with any
+later records (what compaction writes): per key the last natural delete, and the winner
+(`partial_update`: the last delete and, per column, the record holding its last non-null value).
+
+One sort by (key, ordering, log order) and NumPy segment reductions implement all of it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .config import COMMIT_TIME, PARTIAL_UPDATE
-from .schema import IS_DELETED_COL, META_PREFIX
+from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX
 
 _POS = "__nbcc_pos"
 
@@ -43,14 +50,28 @@ def _group_starts(sorted_keys: Sequence[pa.ChunkedArray | pa.Array], n: int) -> 
     return boundary
 
 
+def _log_order(rows: pa.Table) -> np.ndarray:
+    """Each row's rank in log order: (its commit instant, its position)."""
+    n = rows.num_rows
+    pos = np.arange(n, dtype=np.int64)
+    if COMMIT_TIME_COL not in rows.column_names:
+        return pos
+    codes = rows.column(COMMIT_TIME_COL).combine_chunks().dictionary_encode()
+    if len(codes.dictionary) <= 1:
+        return pos
+    rank_of_code = np.argsort(np.argsort(codes.dictionary.to_numpy(zero_copy_only=False), kind="stable"))
+    return rank_of_code[codes.indices.to_numpy(zero_copy_only=False)].astype(np.int64) * n + pos
+
+
 def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str | None,
-                  merge_mode: str) -> pa.Table:
-    """The merged, live records of `rows` (one per key, deletes removed), sorted by key."""
+                  merge_mode: str, compact: bool = False) -> pa.Table:
+    """The merged, live records of `rows` (one per key, deletes removed), sorted by key; or, with
+    `compact`, the records a base file must keep (see the module docstring)."""
     n = rows.num_rows
     if n == 0:
         return rows
     use_ordering = ordering_field is not None and merge_mode != COMMIT_TIME
-    pos = np.arange(n, dtype=np.int64)
+    pos = _log_order(rows)
     keyed = rows.select(list(record_key) + ([ordering_field] if use_ordering else [])).append_column(
         _POS, pa.array(pos))
     sort_keys = [(k, "ascending", "at_start") for k in record_key]
@@ -69,26 +90,40 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
     if use_ordering:
         natural = deleted & keyed.column(ordering_field).is_null().to_numpy(zero_copy_only=False)[order]
     keep = np.ones(n, dtype=bool)
+    natural_at = np.full(len(starts), -1, dtype=np.int64)  # the last natural delete, in sorted order
     if natural.any():
         log_pos = pos[order]
         last_natural = np.maximum.reduceat(np.where(natural, log_pos, -1), starts)
         keep = log_pos >= last_natural[group]
+        natural_at = np.maximum.reduceat(np.where(natural & (log_pos == last_natural[group]), at, -1), starts)
 
     winner = np.maximum.reduceat(np.where(keep, at, -1), starts)
     if merge_mode != PARTIAL_UPDATE:
+        if compact:
+            return rows.take(order[_union(natural_at, winner)])
         live = winner[~deleted[winner]]
         return rows.take(order[live])
 
     last_delete = np.maximum.reduceat(np.where(keep & deleted, at, -1), starts)
-    alive = winner != last_delete
     after_delete = keep & (at > last_delete[group])
+    data_columns = [c for c in rows.column_names if c not in record_key and not c.startswith(META_PREFIX)]
+    lasts = {}
+    for name in data_columns:
+        valid = after_delete & rows.column(name).is_valid().to_numpy(zero_copy_only=False)[order]
+        lasts[name] = np.maximum.reduceat(np.where(valid, at, -1), starts)
+    if compact:
+        return rows.take(order[_union(natural_at, last_delete, winner, *lasts.values())])
+    alive = winner != last_delete
     result = rows.take(order[winner[alive]])
-    for name in rows.column_names:
-        if name in record_key or name.startswith(META_PREFIX):
-            continue  # keys are equal within a group; meta columns come from the winner
+    for name in data_columns:  # keys are equal within a group; meta columns come from the winner
+        last = lasts[name][alive]
         col = rows.column(name).take(order)
-        valid = after_delete & col.is_valid().to_numpy(zero_copy_only=False)
-        last = np.maximum.reduceat(np.where(valid, at, -1), starts)[alive]
-        indices = pa.array(last, mask=last < 0)
-        result = result.set_column(result.schema.get_field_index(name), name, col.take(indices))
+        result = result.set_column(result.schema.get_field_index(name), name,
+                                   col.take(pa.array(last, mask=last < 0)))
     return result
+
+
+def _union(*positions: np.ndarray) -> np.ndarray:
+    """The distinct valid (>= 0) positions, ascending (so records stay in merge order)."""
+    allpos = np.concatenate(positions)
+    return np.unique(allpos[allpos >= 0])

@@ -212,24 +212,22 @@ class ScanPlan:
     tasks: list[ScanTask] = field(default_factory=list)
     completion: dict[str, str] = field(default_factory=dict)  # instant -> completion, for meta columns
     change_completion: dict[str, str] = field(default_factory=dict)  # cdc: instants in the range
+    reset_completion: str | None = None  # completion of the latest overwrite in the range
+    end: str | None = None  # incremental: the end of the range actually read
 
 
-def _task_files(slices: list[FileSlice], read_optimized: bool) -> tuple[str, ...] | None:
+def _task_files(slices: list[FileSlice], read_optimized: bool, pending: Iterable[str] = ()
+                ) -> tuple[str, ...] | None:
     """What a reader merges for a file group: its latest slice, plus the slice before it while
-    the latest one waits for a pending compaction (it has no base file yet)."""
+    the latest one waits for a pending compaction (it has no base file yet). The merge orders
+    records by their instant, so the order of the files does not change the result."""
     if read_optimized:
         based = [s for s in slices if s.base_file]
         return (based[0].base_file,) if based else None
     latest = slices[0]
-    if latest.base_file is None and len(slices) > 1 and _is_pending_barrier(latest):
+    if latest.base_file is None and len(slices) > 1 and latest.base_instant in set(pending):
         return tuple(slices[1].file_names() + latest.file_names())
     return tuple(latest.file_names())
-
-
-def _is_pending_barrier(s: FileSlice) -> bool:
-    # A slice opened by a log file has the instant of one of its logs; one opened by a pending
-    # compaction has the compaction's instant, which no log carries.
-    return all(parse_data_file(n).instant != s.base_instant for n in s.log_files)
 
 
 def _partition_values(config: TableConfig, schema: pa.Schema, partition: str) -> pa.Table:
@@ -322,7 +320,7 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in view.metas.items()}
     allowed = _allowed_groups(config, options.predicates)
     for (partition, fg), slices in slices_by_group(storage, view).items():
-        files = _task_files(slices, options.query_type == READ_OPTIMIZED)
+        files = _task_files(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
         if files and _keep(config, view.schema, options.predicates, partition, fg, files, info, commit_columns, allowed):
             plan.tasks.append(ScanTask(partition, fg, files))
     return plan
@@ -345,7 +343,10 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     if latest is None:
         raise InvalidOptionError("incremental read: the table has no completed commits yet")
     begin = options.begin or _BEFORE_ALL
-    end = options.end or latest
+    # An end past the latest completion is read as the latest completion: every commit that
+    # completes later gets a later completion time, so the range read is final and a consumer
+    # that resumes from `plan.end` never misses one.
+    end = min(options.end or latest, latest)
     if begin > end:
         raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
     end_view = table_view(storage, config, timeline, end)
@@ -353,8 +354,10 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]
     plan = ScanPlan(options, config, end_view.schema, _output_schema(config, end_view.schema, options),
                     completion={i.instant: i.completion for i in end_view.completed},
-                    change_completion={i.instant: i.completion for i in in_range})
-    reset = any(i.action == REPLACE_COMMIT for i in in_range)
+                    change_completion={i.instant: i.completion for i in in_range}, end=end)
+    overwrites = [i.completion for i in in_range if i.action == REPLACE_COMMIT]
+    reset = bool(overwrites)
+    plan.reset_completion = max(overwrites, default=None)
     range_files: dict[tuple[str, str], list[str]] = defaultdict(list)
     for inst in in_range:
         for f in end_view.metas[inst.instant]["files"]:
@@ -366,10 +369,11 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in end_view.metas.items()}
     allowed = _allowed_groups(config, options.predicates)
     for partition, fg in sorted(touched):
-        end_files = _task_files(end_groups[(partition, fg)], False) if (partition, fg) in end_groups else ()
+        end_files = (_task_files(end_groups[(partition, fg)], False, end_view.pending_compactions)
+                     if (partition, fg) in end_groups else ())
         begin_files = ()
         if (options.is_cdc or reset) and (partition, fg) in begin_groups:
-            begin_files = _task_files(begin_groups[(partition, fg)], False)
+            begin_files = _task_files(begin_groups[(partition, fg)], False, begin_view.pending_compactions)
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
                                             end_files or (), info, commit_columns, allowed):
             continue
@@ -422,6 +426,18 @@ def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:
     return pc.unique(keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys)
 
 
+def _equal(b: pa.ChunkedArray, a: pa.ChunkedArray) -> pa.Array:
+    """Row-wise "same value" (null equals null, NaN equals NaN), for any column type."""
+    t = b.type
+    if pa.types.is_nested(t):
+        # No Arrow kernel compares nested values: compare them as Python values (changed keys only).
+        return pa.array([x == y for x, y in zip(b.to_pylist(), a.to_pylist())], pa.bool_())
+    eq = pc.or_kleene(pc.equal(b, a), pc.and_(b.is_null(), a.is_null()))
+    if pa.types.is_floating(t):
+        eq = pc.or_kleene(eq, pc.and_(pc.is_nan(b), pc.is_nan(a)))
+    return eq.fill_null(False)
+
+
 def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     config, schema = plan.config, plan.schema
     rows = _range_rows(storage, plan, task)
@@ -437,7 +453,7 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     if task.reset:  # an overwrite in the range changed every earlier key
         extra = pc.filter(before.column(RECORD_KEY_COL), pc.invert(pc.is_in(before.column(RECORD_KEY_COL), value_set=keys)))
         keys = pa.concat_arrays([keys, extra.combine_chunks()])
-        reset_time = max(plan.change_completion.values())
+        reset_time = plan.reset_completion
         last_change = pa.concat_arrays([last_change, pa.array([reset_time] * len(extra), pa.string())])
     b_idx = pc.index_in(keys, value_set=before.column(RECORD_KEY_COL).combine_chunks())
     a_idx = pc.index_in(keys, value_set=after.column(RECORD_KEY_COL).combine_chunks())
@@ -445,9 +461,7 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     has_b, has_a = b_idx.is_valid(), a_idx.is_valid()
     same = pc.and_(has_b, has_a)
     for name in schema.names:
-        b, a = b_rows.column(name), a_rows.column(name)
-        eq = pc.or_kleene(pc.equal(b, a), pc.and_(b.is_null(), a.is_null())).fill_null(False)
-        same = pc.and_(same, eq)
+        same = pc.and_(same, _equal(b_rows.column(name), a_rows.column(name)))
     keep = pc.and_(pc.or_(has_b, has_a), pc.invert(same))
     change = pc.if_else(pc.invert(has_b), "insert", pc.if_else(pc.invert(has_a), "delete", "update"))
     struct_type = plan.output_schema.field("before").type
