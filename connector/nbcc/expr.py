@@ -69,10 +69,10 @@ class Predicate:
             e = f > v
         elif op == ">=":
             e = f >= v
-        elif op == "in":
-            e = f.isin(list(v))
-        elif op == "not_in":
-            e = ~f.isin(list(v))
+        elif op == "in":  # SQL: a null in the list matches nothing
+            e = f.isin([x for x in v if x is not None])
+        elif op == "not_in":  # SQL: x NOT IN (..., NULL) is never true
+            e = ~f.isin(list(v)) if None not in v else pc.scalar(False)
         elif op == "is_null":
             e = f.is_null()
         elif op == "is_not_null":
@@ -169,6 +169,16 @@ def _normalize(field: pa.Field, value: Any) -> Any:
 
 
 def _cast_check(column: str, field: pa.Field, values: Sequence[Any]) -> None:
+    t = field.type
+    kinds = ((pa.types.is_integer, (int,), "integers"), (pa.types.is_boolean, (bool,), "booleans"),
+             (pa.types.is_date, (dt.date,), "dates (or ISO text)"),
+             (lambda x: pa.types.is_string(x) or pa.types.is_large_string(x), (str,), "strings"))
+    for is_kind, py_types, words in kinds:
+        if is_kind(t):
+            bad = [v for v in values if not isinstance(v, py_types) or isinstance(v, dt.datetime)
+                   or (isinstance(v, bool) and bool not in py_types)]
+            if bad:
+                raise InvalidOptionError(f"filter on {column!r} ({t}): value(s) {bad!r} are not {words}")
     try:
         pa.array(values, type=field.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:

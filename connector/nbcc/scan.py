@@ -142,9 +142,10 @@ class TableView:
     schema: pa.Schema
     overwrite_cutoff: str | None  # completion time of the latest overwrite
 
-    def file_info(self) -> dict[str, dict[str, Any]]:
-        """file name -> its descriptor in the commit metadata."""
-        return {f["name"]: f for meta in self.metas.values() for f in meta["files"]}
+    def file_info(self) -> dict[tuple[str, str], dict[str, Any]]:
+        """(partition, file name) -> its descriptor in the commit metadata. One commit writes
+        files of the same name in every partition it touches, so the name alone is ambiguous."""
+        return {(f["partition"], f["name"]): f for meta in self.metas.values() for f in meta["files"]}
 
 
 def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None) -> TableView:
@@ -243,7 +244,8 @@ def _partition_values(config: TableConfig, schema: pa.Schema, partition: str) ->
 
 
 def _keep(config: TableConfig, schema: pa.Schema, preds: tuple[Predicate, ...], partition: str, fg: str,
-          files: Iterable[str], info: Mapping[str, Mapping[str, Any]], commit_columns: Mapping[str, set[str]],
+          files: Iterable[str], info: Mapping[tuple[str, str], Mapping[str, Any]],
+          commit_columns: Mapping[str, set[str]],
           allowed_groups: set[str] | None) -> bool:
     if allowed_groups is not None and fg not in allowed_groups:
         return False
@@ -257,7 +259,8 @@ def _keep(config: TableConfig, schema: pa.Schema, preds: tuple[Predicate, ...], 
     for p in preds:
         if p.column in config.partition_by:
             continue
-        if not any(p.may_match(_file_stats(info.get(n), n, p.column, commit_columns), int(info.get(n, {}).get("rows", 1)))
+        if not any(p.may_match(_file_stats(info.get((partition, n)), n, p.column, commit_columns),
+                               int(info.get((partition, n), {}).get("rows", 1)))
                    for n in files):
             return False
     return True

@@ -190,7 +190,9 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
         else:
             op, value = "=", inner.value
     elif isinstance(inner, In):
-        op, value = "in", tuple(inner.value)
+        if None in inner.value and negated:
+            return None  # NOT IN (..., NULL): let Spark apply SQL's three-valued logic
+        op, value = "in", tuple(v for v in inner.value if v is not None)
     elif isinstance(inner, IsNull):
         op, value = "is_null", None
     elif isinstance(inner, IsNotNull):

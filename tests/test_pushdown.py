@@ -1,0 +1,720 @@
+"""Filter pushdown: partition pruning, bucket pruning for key lookups, min/max skipping, and the
+Python API's `filter=`. Pruning may only ever change how much is read, never which rows come back:
+every result here is checked against filtering the unpruned rows independently (Spark over the
+rows read with pushdown off, or pyarrow over `table.read()`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from contextlib import contextmanager
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+from pyspark.sql import functions as F
+
+import nbcc
+from nbcc.expr import OPERATORS
+
+PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
+
+
+@contextmanager
+def pushdown(spark, enabled: bool):
+    """Set the (session-wide) pushdown conf for the block, then put the previous value back."""
+    previous = spark.conf.get(PUSHDOWN)
+    spark.conf.set(PUSHDOWN, "true" if enabled else "false")
+    try:
+        yield
+    finally:
+        spark.conf.set(PUSHDOWN, previous)
+
+
+def _sorted_rows(rows):
+    return sorted((tuple(r) for r in rows), key=repr)
+
+
+def _read(spark, uri, enabled, f=None, **options):
+    """(sorted rows, number of Spark partitions) of a read with pushdown on or off."""
+    with pushdown(spark, enabled):
+        r = spark.read.format("nbcc")
+        for k, v in options.items():
+            r = r.option(k, v)
+        df = r.load(uri)
+        if f is not None:
+            df = df.where(_spark_filter(f))
+        return _sorted_rows(df.collect()), df.rdd.getNumPartitions()
+
+
+def _arrow_rows(table: pa.Table):
+    return sorted((tuple(r.values()) for r in table.to_pylist()), key=repr)
+
+
+def _fg(key, buckets):
+    return nbcc.file_group_id(int(nbcc.bucket_ids([key], buckets)[0]))
+
+
+def _keys_by_bucket(buckets, per_bucket, start=0):
+    out = {b: [] for b in range(buckets)}
+    k = start
+    while any(len(v) < per_bucket for v in out.values()):
+        b = int(nbcc.bucket_ids([k], buckets)[0])
+        if len(out[b]) < per_bucket:
+            out[b].append(k)
+        k += 1
+    return out
+
+
+# -- a partitioned table with history: updates, stale updates, deletes, a compaction -------------
+
+WIDE = pa.schema([
+    ("id", pa.int64()), ("p", pa.string()), ("i", pa.int32()), ("s", pa.string()),
+    ("d", pa.date32()), ("x", pa.float64()), ("flag", pa.bool_()), ("seq", pa.int64()),
+])
+PARTS = ["a", "b", None]
+D0 = dt.date(2026, 11, 1)
+
+
+def _gen(k, gen, seq):
+    p = PARTS[k % 3]
+    if gen == 1:
+        return dict(id=k, p=p, i=None if k % 11 == 0 else k % 13,
+                    s=None if k % 7 == 0 else ("x" if k % 5 == 0 else "v") + f"{k:03d}",
+                    d=D0 + dt.timedelta(days=k % 30), x=k * 0.5, flag=k % 2 == 0, seq=seq)
+    if gen == 2:
+        return dict(id=k, p=p, i=k % 13 + 100, s=None if k % 9 == 0 else f"u{k:03d}",
+                    d=dt.date(2026, 12, 10) + dt.timedelta(days=k % 10), x=-float(k), flag=k % 3 == 0, seq=seq)
+    if gen == 3:
+        return dict(id=k, p=p, i=None if k % 6 == 0 else k % 17 + 200, s=f"w{k:03d}-z",
+                    d=dt.date(2027, 1, 1) + dt.timedelta(days=k % 5), x=k * 2.0, flag=True, seq=seq)
+    # a stale update (older ordering value): it must lose everywhere
+    return dict(id=k, p=p, i=999, s="stale", d=dt.date(2030, 1, 1), x=999.0, flag=False, seq=seq)
+
+
+class Model:
+    """The expected merged state (event_time: greatest seq wins, a later write wins ties; a delete
+    removes the key whatever its seq)."""
+
+    def __init__(self):
+        self.rows = {}
+
+    def upsert(self, rows):
+        for r in rows:
+            cur = self.rows.get(r["id"])
+            if cur is None or r["seq"] >= cur["seq"]:
+                self.rows[r["id"]] = r
+
+    def delete(self, ids):
+        for k in ids:
+            self.rows.pop(k, None)
+
+    def sorted_rows(self, names):
+        return sorted((tuple(r[n] for n in names) for r in self.rows.values()), key=repr)
+
+
+def _build_wide(uri):
+    table = nbcc.Table.create(uri, WIDE, "id", partition_by="p", buckets=8, ordering_field="seq")
+    model = Model()
+
+    def upsert(rows):
+        model.upsert(rows)
+        table.write(pa.Table.from_pylist(rows, schema=WIDE))
+
+    def delete(ids):
+        model.delete(ids)
+        table.write(pa.table({"id": pa.array(ids, pa.int64()), "p": pa.array([PARTS[k % 3] for k in ids])}),
+                    operation="delete")
+
+    upsert([_gen(k, 1, 1) for k in range(240)])
+    upsert([_gen(k, 2, 2) for k in range(40, 120)])
+    delete(list(range(10)) + list(range(100, 105)))
+    assert table.compact() is not None
+    upsert([_gen(k, 3, 3) for k in range(200, 280)] + [_gen(k, 4, 0) for k in range(60, 70)] + [_gen(5, 1, 1)])
+    delete(list(range(250, 255)))
+    return table, model
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory, spark):
+    """(uri, table, model, rows read by Spark with pushdown off, their Spark schema)."""
+    uri = str(tmp_path_factory.mktemp("pushdown") / "wide")
+    table, model = _build_wide(uri)
+    with pushdown(spark, False):
+        df = spark.read.format("nbcc").load(uri)
+        rows, schema = _sorted_rows(df.collect()), df.schema
+    return uri, table, model, rows, schema
+
+
+class ColumnFilter:
+    """A DataFrame Column filter, built when a session exists."""
+
+    def __init__(self, label, build):
+        self.label, self.build = label, build
+
+    def __str__(self):
+        return self.label
+
+
+def _spark_filter(f):
+    return f.build() if isinstance(f, ColumnFilter) else f
+
+
+# (filter, may the result be empty)
+WIDE_FILTERS = [
+    # record key
+    ("id = 42", False), ("id IN (3, 5, 42, 77, 150, 255, 999)", False), ("id > 230", False), ("id = 7", True),
+    ("id <=> 42", False),
+    # partition column
+    ("p = 'a'", False), ("p > 'a'", False), ("p IS NULL", False), ("NOT (p = 'b')", False),
+    ("p NOT IN ('a', 'zz')", False), ("p IN ('a', NULL)", False),
+    # int
+    ("i >= 100", False), ("i IS NULL", False), ("NOT (i = 3)", False), ("i NOT IN (1, 2, 3)", False),
+    ("i IN (1, NULL)", False), ("i NOT IN (1, NULL)", True), ("i = 999", True),
+    # string
+    ("s = 'v012'", False), ("s < 'v'", False), ("s IS NULL", False), ("s NOT IN ('v012', 'u041')", False),
+    ("NOT (s <=> 'v012')", False),
+    (ColumnFilter("s.startswith('x')", lambda: F.col("s").startswith("x")), False),
+    (ColumnFilter("s.endswith('-z')", lambda: F.col("s").endswith("-z")), False),
+    (ColumnFilter("s.contains('04')", lambda: F.col("s").contains("04")), False),
+    (ColumnFilter("~s.startswith('v')", lambda: ~F.col("s").startswith("v")), False),
+    # date, boolean
+    ("d >= DATE'2026-12-01'", False), ("d IN (DATE'2027-01-02', DATE'2026-11-10')", False), ("NOT flag", False),
+    # double (not pushed)
+    ("x < 0", False),
+    # combinations; OR across columns cannot be pushed
+    ("id < 100 AND p = 'b' AND s IS NOT NULL", False), ("i > 5 AND d < DATE'2026-12-01' AND s LIKE 'v%'", False),
+    ("i = 3 OR p = 'b'", False), ("s IS NULL OR x > 100", False),
+]
+
+
+def test_wide_table_reads_the_modelled_state_with_pushdown_off(wide):
+    uri, table, model, off_rows, _ = wide
+    assert off_rows == model.sorted_rows(WIDE.names)
+    assert _arrow_rows(table.read()) == off_rows
+
+
+def test_pushdown_on_and_off_give_the_same_rows(spark, wide):
+    uri, _, _, off_rows, schema = wide
+    reference = spark.createDataFrame(off_rows, schema)  # the unpruned rows, filtered by Spark itself
+    # Every filter is its own scan (filters are pushed per scan); one union runs them as one job.
+    with pushdown(spark, True):
+        scans = [spark.read.format("nbcc").load(uri).where(_spark_filter(f)).select(F.lit(n).alias("_q"), "*")
+                 for n, (f, _) in enumerate(WIDE_FILTERS)]
+        union = scans[0]
+        for scan in scans[1:]:
+            union = union.unionAll(scan)
+        got = {n: [] for n in range(len(WIDE_FILTERS))}
+        for row in union.collect():
+            got[row[0]].append(tuple(row)[1:])
+    mismatches = []
+    for n, (f, may_be_empty) in enumerate(WIDE_FILTERS):
+        expected = _sorted_rows(reference.where(_spark_filter(f)).collect())
+        assert may_be_empty or 0 < len(expected) < len(off_rows), f"filter {f} does not test anything"
+        on = _sorted_rows(got[n])
+        if on != expected:
+            mismatches.append((str(f), len(on), len(expected), sorted(set(on) - set(expected), key=repr)[:2],
+                               sorted(set(expected) - set(on), key=repr)[:2]))
+    assert not mismatches, "pushdown on differs (filter, rows on, rows expected, extra, missing):\n" + \
+        "\n".join(map(repr, mismatches))
+
+
+def test_pushdown_off_reads_with_filters(spark, wide):
+    """With the conf off the read works (the reader must not push), reads every file group and
+    Spark applies the filters."""
+    uri, table, _, off_rows, schema = wide
+    reference = spark.createDataFrame(off_rows, schema)
+    for f in ["id = 42 AND s LIKE 'u%'", "i = 3 OR p = 'b'"]:
+        rows, parts = _read(spark, uri, False, f)
+        assert rows == _sorted_rows(reference.where(f).collect()) and rows, f
+        assert parts == len(table.file_slices()), f
+
+
+def test_pushdown_with_time_travel(spark, wide):
+    uri, table, _, _, schema = wide
+    commits = [i for i in table.timeline() if i.state == "completed" and i.action == "deltacommit"]
+    first, second = commits[0].completion, commits[1].completion
+    for as_of, f, present in [(first, "s = 'v051'", True), (second, "s = 'v051'", False),
+                              (second, "i >= 100 AND p = 'a'", True), (first, "i >= 100", False),
+                              (first, "id IN (3, 42)", True)]:
+        state = [tuple(r.values()) for r in table.read(as_of=as_of).to_pylist()]
+        expected = _sorted_rows(spark.createDataFrame(state, schema).where(f).collect())
+        assert bool(expected) == present, (as_of, f)
+        assert _read(spark, uri, True, f, as_of=as_of)[0] == expected, (as_of, f)
+        if as_of == first and f == "s = 'v051'":
+            assert _read(spark, uri, False, f, as_of=as_of)[0] == expected, (as_of, f)
+
+
+# -- bucket pruning for key lookups --------------------------------------------------------------
+
+KV = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.string())])
+
+
+def _kv_table(uri, partitioned):
+    table = nbcc.Table.create(uri, KV, "id", partition_by="p" if partitioned else (), buckets=8)
+    ids = list(range(400))
+    table.write(pa.table({"id": ids, "p": [["a", "b", "c"][k % 3] for k in ids], "v": [f"one-{k}" for k in ids]},
+                         schema=KV))
+    upd = list(range(0, 400, 7))
+    table.write(pa.table({"id": upd, "p": [["a", "b", "c"][k % 3] for k in upd], "v": [f"two-{k}" for k in upd]},
+                         schema=KV))
+    return table
+
+
+def _v(k):
+    return f"two-{k}" if k % 7 == 0 else f"one-{k}"
+
+
+def test_point_lookup_reads_one_bucket_unpartitioned(spark, local_table):
+    uri, _ = local_table
+    table = _kv_table(uri, partitioned=False)
+    n_groups = len(table.file_slices())
+    assert n_groups == 8
+
+    rows, parts = _read(spark, uri, True, "id = 42")
+    assert rows == [(42, "a", _v(42))]
+    assert parts == 1
+    rows, parts = _read(spark, uri, False, "id = 42")
+    assert rows == [(42, "a", _v(42))]
+    assert parts == n_groups
+
+    plan = table.plan(filter=[("id", "=", 42)])
+    assert [t.file_group_id for t in plan.tasks] == [_fg(42, 8)]
+    assert table.read(filter=[("id", "=", 42)]).to_pylist() == [{"id": 42, "p": "a", "v": _v(42)}]
+
+    # IN on two keys in different buckets: two file groups; two keys in one bucket: one.
+    by_bucket = _keys_by_bucket(8, 2)
+    k1, k2 = by_bucket[1][0], by_bucket[5][0]
+    plan = table.plan(filter=[("id", "in", [k1, k2])])
+    assert sorted(t.file_group_id for t in plan.tasks) == sorted([_fg(k1, 8), _fg(k2, 8)])
+    assert len(plan.tasks) == 2
+    rows, parts = _read(spark, uri, True, f"id IN ({k1}, {k2})")
+    assert parts == 2 and sorted(r[0] for r in rows) == sorted([k1, k2])
+    same = by_bucket[3]
+    assert len(table.plan(filter=[("id", "in", same)]).tasks) == 1
+    rows, parts = _read(spark, uri, True, f"id IN ({same[0]}, {same[1]})")
+    assert parts == 1 and sorted(r[0] for r in rows) == sorted(same)
+
+    # A key that is not in the table: at most its one bucket is read, nothing comes back.
+    assert len(table.plan(filter=[("id", "=", 10_000)]).tasks) <= 1
+    assert table.read(filter=[("id", "=", 10_000)]).num_rows == 0
+    assert _read(spark, uri, True, "id = 10000")[0] == []
+    # Key lookups combined with other filters still filter exactly.
+    assert _read(spark, uri, True, "id = 42 AND v LIKE 'two%'")[0] == ([(42, "a", "two-42")] if 42 % 7 == 0 else [])
+    assert _read(spark, uri, True, "id = 43 AND v = 'one-43'")[0] == [(43, "b", "one-43")]
+
+
+def test_point_lookup_partitioned(spark, local_table):
+    uri, _ = local_table
+    table = _kv_table(uri, partitioned=True)
+    n_groups = len(table.file_slices())
+    p42 = ["a", "b", "c"][42 % 3]
+    rows, parts = _read(spark, uri, True, f"id = 42 AND p = '{p42}'")
+    assert rows == [(42, p42, _v(42))] and parts == 1
+    plan = table.plan(filter=[("id", "=", 42), ("p", "=", p42)])
+    assert [(t.partition, t.file_group_id) for t in plan.tasks] == [(f"p={p42}", _fg(42, 8))]
+    # Key alone: its bucket in each partition (the key could be in any of them).
+    rows, parts = _read(spark, uri, True, "id = 42")
+    assert rows == [(42, p42, _v(42))]
+    assert parts == len({t.partition for t in table.plan().tasks})
+    rows, parts = _read(spark, uri, False, "id = 42")
+    assert rows == [(42, p42, _v(42))] and parts == n_groups
+
+
+# -- partition pruning ---------------------------------------------------------------------------
+
+def test_partition_pruning(spark, local_table):
+    uri, _ = local_table
+    table = _kv_table(uri, partitioned=True)
+    everything = table.plan().tasks
+    per_partition = Counter(t.partition for t in everything)
+    assert set(per_partition) == {"p=a", "p=b", "p=c"}
+    all_rows = table.read()
+
+    for case, (spark_filter, tuples, parts) in enumerate([
+        ("p = 'b'", [("p", "=", "b")], {"p=b"}),
+        ("p IN ('a', 'c')", [("p", "in", ["a", "c"])], {"p=a", "p=c"}),
+        ("p > 'a'", [("p", ">", "a")], {"p=b", "p=c"}),
+        ("p <= 'a'", [("p", "<=", "a")], {"p=a"}),
+        ("NOT (p = 'a')", [("p", "!=", "a")], {"p=b", "p=c"}),
+        ("p NOT IN ('a', 'b')", [("p", "not_in", ["a", "b"])], {"p=c"}),
+        ("p = 'zz'", [("p", "=", "zz")], set()),
+    ]):
+        plan = table.plan(filter=tuples)
+        assert {t.partition for t in plan.tasks} == parts, spark_filter
+        assert len(plan.tasks) == sum(per_partition[p] for p in parts), spark_filter
+        expected = all_rows.filter(pc.field("p").isin(pa.array(sorted(p[2:] for p in parts), pa.string())))
+        assert _arrow_rows(table.read(filter=tuples)) == _arrow_rows(expected), spark_filter
+        rows, n = _read(spark, uri, True, spark_filter)
+        assert rows == _arrow_rows(expected), spark_filter
+        if parts:
+            assert n == len(plan.tasks), spark_filter
+        if case == 0:
+            off_rows, off_n = _read(spark, uri, False, spark_filter)
+            assert off_rows == rows and off_n == len(everything), spark_filter
+
+
+def test_partition_pruning_with_null_and_int_partitions(spark, local_table):
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("year", pa.int32()), ("v", pa.int64())])
+    table = nbcc.Table.create(uri, schema, "id", partition_by="year", buckets=2)
+    ids = list(range(60))
+    years = [None if k % 4 == 0 else 2020 + k % 4 for k in ids]
+    table.write(pa.table({"id": ids, "year": years, "v": ids}, schema=schema))
+    all_rows = table.read()
+    for case, (spark_filter, tuples, ref) in enumerate([
+        ("year = 2021", [("year", "=", 2021)], pc.field("year") == 2021),
+        ("year >= 2022", [("year", ">=", 2022)], pc.field("year") >= 2022),
+        ("year IS NULL", [("year", "is_null")], pc.field("year").is_null()),
+        ("year IS NOT NULL", [("year", "is_not_null")], pc.field("year").is_valid()),
+        ("NOT (year = 2021)", [("year", "!=", 2021)], pc.field("year") != 2021),
+        ("year IN (2021, 2023)", [("year", "in", [2021, 2023])], pc.field("year").isin([2021, 2023])),
+    ]):
+        expected = _arrow_rows(all_rows.filter(ref))
+        assert expected, spark_filter
+        assert _arrow_rows(table.read(filter=tuples)) == expected, spark_filter
+        assert _read(spark, uri, True, spark_filter)[0] == expected, spark_filter
+        if case in (2, 4):
+            assert _read(spark, uri, False, spark_filter)[0] == expected, spark_filter
+    plan = table.plan(filter=[("year", "is_null")])
+    assert {t.partition for t in plan.tasks} == {"year=__HIVE_DEFAULT_PARTITION__"}
+    plan = table.plan(filter=[("year", "=", 2021)])
+    assert {t.partition for t in plan.tasks} == {"year=2021"}
+
+
+# -- min/max skipping ----------------------------------------------------------------------------
+
+MM = pa.schema([("id", pa.int64()), ("score", pa.int64()), ("day", pa.date32()), ("seq", pa.int64())])
+DAY0 = dt.date(2026, 1, 1)
+
+
+def _groups(plan):
+    return {t.file_group_id for t in plan.tasks}
+
+
+def test_min_max_skipping_never_skips_a_matching_merged_row(spark, local_table):
+    uri, _ = local_table
+    table = nbcc.Table.create(uri, MM, "id", buckets=4, ordering_field="seq")
+    keys = _keys_by_bucket(4, 10)
+    fg = {b: nbcc.file_group_id(b) for b in range(4)}
+    # Bucket b holds scores 100*b .. 100*b+9 and days DAY0 + 30*b + j.
+    rows = [{"id": k, "score": 100 * b + j, "day": DAY0 + dt.timedelta(days=30 * b + j), "seq": 1}
+            for b, ks in keys.items() for j, k in enumerate(ks)]
+    table.write(pa.Table.from_pylist(rows, schema=MM))
+
+    def check(tuples, spark_filter, ref):
+        got = table.read(filter=tuples)
+        expected = table.read().filter(ref)
+        assert _arrow_rows(got) == _arrow_rows(expected), tuples
+        on, n = _read(spark, uri, True, spark_filter)
+        assert on == _arrow_rows(expected), spark_filter
+        return _groups(table.plan(filter=tuples)), n, {r["id"] for r in got.to_pylist()}
+
+    groups, n, ids = check([("score", ">", 305)], "score > 305", pc.field("score") > 305)
+    assert groups == {fg[3]} and n == 1 and ids == set(keys[3][6:])
+    groups, _, _ = check([("score", "<", 5)], "score < 5", pc.field("score") < 5)
+    assert groups == {fg[0]}
+    groups, _, _ = check([("score", ">=", 100), ("score", "<=", 109)], "score BETWEEN 100 AND 109",
+                         (pc.field("score") >= 100) & (pc.field("score") <= 109))
+    assert groups == {fg[1]}
+    groups, _, _ = check([("score", "in", [5, 305])], "score IN (5, 305)", pc.field("score").isin([5, 305]))
+    assert groups == {fg[0], fg[3]}
+    day = DAY0 + dt.timedelta(days=62)
+    groups, _, ids = check([("day", "=", day)], f"day = DATE'{day}'", pc.field("day") == pa.scalar(day))
+    assert groups == {fg[2]} and ids == {keys[2][2]}
+    groups, n, ids = check([("score", "=", 1000)], "score = 1000", pc.field("score") == 1000)
+    assert groups == set() and ids == set()
+
+    # Commit 2: k0 (bucket 0, score 3) moves up to 400; k3 (bucket 3, score 303) moves down to 2;
+    # a stale update (older seq) gives k2 (bucket 2) score 900, which must lose.
+    k0, k3, k2 = keys[0][3], keys[3][3], keys[2][4]
+    table.write(pa.Table.from_pylist([
+        {"id": k0, "score": 400, "day": DAY0, "seq": 2},
+        {"id": k3, "score": 2, "day": DAY0 + dt.timedelta(days=200), "seq": 2},
+        {"id": k2, "score": 900, "day": DAY0 + dt.timedelta(days=500), "seq": 0},
+    ], schema=MM))
+    groups, _, ids = check([("score", ">", 305)], "score > 305", pc.field("score") > 305)
+    assert ids == set(keys[3][6:]) | {k0}
+    assert fg[0] in groups and fg[3] in groups
+    _, _, ids = check([("score", "<", 5)], "score < 5", pc.field("score") < 5)
+    assert ids == {keys[0][j] for j in (0, 1, 2, 4)} | {k3}
+    _, _, ids = check([("score", "=", 3)], "score = 3", pc.field("score") == 3)  # k0's old value
+    assert ids == set()
+    _, _, ids = check([("score", "=", 303)], "score = 303", pc.field("score") == 303)  # k3's old value
+    assert ids == set()
+    _, _, ids = check([("score", ">", 800)], "score > 800", pc.field("score") > 800)  # the stale value
+    assert ids == set()
+    late = DAY0 + dt.timedelta(days=500)
+    _, _, ids = check([("day", ">=", late)], f"day >= DATE'{late}'", pc.field("day") >= pa.scalar(late))
+    assert ids == set()
+    moved = DAY0 + dt.timedelta(days=200)
+    _, _, ids = check([("day", "=", moved)], f"day = DATE'{moved}'", pc.field("day") == pa.scalar(moved))
+    assert ids == {k3}
+
+    # A delete, a compaction (slices now start with base files), then one more update in a log.
+    table.write(pa.table({"id": pa.array([keys[3][9]], pa.int64())}), operation="delete")
+    assert table.compact() is not None
+    k1 = keys[1][5]
+    table.write(pa.Table.from_pylist([{"id": k1, "score": 500, "day": DAY0, "seq": 3}], schema=MM))
+    groups, n, ids = check([("score", ">", 450)], "score > 450", pc.field("score") > 450)
+    assert ids == {k1} and groups == {fg[1]} and n == 1
+    _, _, ids = check([("score", ">", 305)], "score > 305", pc.field("score") > 305)
+    assert ids == set(keys[3][6:9]) | {k0, k1}
+    _, _, ids = check([("score", "=", 303)], "score = 303", pc.field("score") == 303)
+    assert ids == set()
+    _, _, ids = check([("score", "<", 5)], "score < 5", pc.field("score") < 5)
+    assert ids == {keys[0][j] for j in (0, 1, 2, 4)} | {k3}
+    _, _, ids = check([("score", "is_null")], "score IS NULL", pc.field("score").is_null())
+    assert ids == set()
+
+
+def test_skipping_in_a_partitioned_table_uses_each_partitions_statistics(spark, local_table):
+    """One commit writes the same file group (bucket) in two partitions, with disjoint values."""
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string()), ("score", pa.int64())])
+    table = nbcc.Table.create(uri, schema, "id", partition_by="p", buckets=1)
+    ids = list(range(20))
+    table.write(pa.table({"id": ids, "p": ["lo" if k < 10 else "hi" for k in ids],
+                          "score": [k if k < 10 else 1000 + k for k in ids]}, schema=schema))
+    first = table.timeline()[-1].completion
+    table.write(pa.table({"id": [3, 13], "p": ["lo", "hi"], "score": [7, 1017]}, schema=schema))
+    cases = [([("score", "=", 5)], "score = 5", pc.field("score") == 5, [5]),
+             ([("score", "=", 1015)], "score = 1015", pc.field("score") == 1015, [15]),
+             ([("score", ">", 1012)], "score > 1012", pc.field("score") > 1012, [13, 14, 15, 16, 17, 18, 19]),
+             ([("score", "<", 3)], "score < 3", pc.field("score") < 3, [0, 1, 2]),
+             ([("score", "in", [7, 1017])], "score IN (7, 1017)", pc.field("score").isin([7, 1017]), [3, 7, 13, 17])]
+    for when in ("logs", "compacted"):
+        for tuples, spark_filter, ref, expected_ids in cases:
+            got = table.read(filter=tuples)
+            assert _arrow_rows(got) == _arrow_rows(table.read().filter(ref)), (when, tuples)
+            assert sorted(got.column("id").to_pylist()) == expected_ids, (when, tuples)
+            assert _read(spark, uri, True, spark_filter)[0] == _arrow_rows(got), (when, spark_filter)
+        if when == "logs":
+            # An incremental read after the first commit, filtered.
+            inc = table.read(query_type="incremental", begin=first)
+            for tuples, _, ref, _ in cases:
+                got = table.read(query_type="incremental", begin=first, filter=tuples)
+                assert _arrow_rows(got) == _arrow_rows(inc.filter(ref)), ("incremental", tuples)
+            assert table.compact() is not None
+
+
+def test_skipping_with_partial_update_joins_columns_from_different_files(spark, local_table):
+    """A merged row can take one column from one file and another column from another: each
+    predicate may hold in a different file."""
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("a", pa.int64()), ("b", pa.string())])
+    table = nbcc.Table.create(uri, schema, "id", buckets=2, merge_mode="partial_update")
+    table.write(pa.table({"id": [1, 2, 3], "a": [5, 6, 7], "b": pa.array([None, None, None], pa.string())},
+                         schema=schema))
+    table.write(pa.table({"id": [1, 2, 3], "a": pa.array([None, None, None], pa.int64()), "b": ["x", "y", "z"]},
+                         schema=schema))
+    cases = [
+        ([("a", "=", 5), ("b", "=", "x")], "a = 5 AND b = 'x'", (pc.field("a") == 5) & (pc.field("b") == "x")),
+        ([("a", ">=", 6), ("b", "in", ["y", "z"])], "a >= 6 AND b IN ('y', 'z')",
+         (pc.field("a") >= 6) & pc.field("b").isin(["y", "z"])),
+        ([("a", "is_not_null"), ("b", "is_not_null")], "a IS NOT NULL AND b IS NOT NULL",
+         pc.field("a").is_valid() & pc.field("b").is_valid()),
+        ([("a", "is_null")], "a IS NULL", pc.field("a").is_null()),
+        ([("b", "starts_with", "y")], "b LIKE 'y%'", pc.starts_with(pc.field("b"), "y")),
+    ]
+    for tuples, spark_filter, ref in cases:
+        expected = _arrow_rows(table.read().filter(ref))
+        assert _arrow_rows(table.read(filter=tuples)) == expected, tuples
+        assert _read(spark, uri, True, spark_filter)[0] == expected, spark_filter
+    assert _arrow_rows(table.read(filter=cases[0][0])) == [(1, 5, "x")]
+
+
+def test_starts_with_skipping_keeps_strings_sorting_after_the_prefix(local_table):
+    """'a' + U+10FFFF + 'z' starts with 'a' but sorts after 'a' + U+10FFFF."""
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("s", pa.string())])
+    table = nbcc.Table.create(uri, schema, "id", buckets=1)
+    table.write(pa.table({"id": [1], "s": ["a\U0010ffffz"]}, schema=schema))
+    table.write(pa.table({"id": [2], "s": ["b"]}, schema=schema))
+    assert table.read(filter=[("s", "starts_with", "a")]).to_pylist() == [{"id": 1, "s": "a\U0010ffffz"}]
+
+
+# -- skipping after schema evolution -------------------------------------------------------------
+
+def test_skipping_after_a_column_is_added(spark, local_table):
+    uri, _ = local_table
+    old = pa.schema([("id", pa.int64()), ("v", pa.int64())])
+    new = pa.schema([("id", pa.int64()), ("v", pa.int64()), ("n", pa.string()), ("m", pa.int64())])
+    table = nbcc.Table.create(uri, old, "id", buckets=4)
+    table.write(pa.table({"id": list(range(40)), "v": list(range(40))}, schema=old))
+    assert table.compact() is not None  # old base files, written before n and m existed
+    table.write(pa.table({"id": list(range(40, 50)), "v": list(range(40, 50))}, schema=old))  # old log files
+    # New rows (keys 100..109) and updates of keys 0..4 carry the new columns.
+    ids = list(range(100, 110)) + list(range(5))
+    table.write(pa.table({"id": ids, "v": ids, "n": [f"n{k % 3}" for k in ids], "m": [k % 3 for k in ids]},
+                         schema=new))
+    read = table.read()
+    assert read.schema.names == ["id", "v", "n", "m"]
+
+    def ids_of(t):
+        return sorted(r["id"] for r in t.to_pylist())
+
+    old_ids = sorted(set(range(50)) - set(range(5)))
+    assert ids_of(table.read(filter=[("n", "is_null")])) == old_ids
+    assert ids_of(table.read(filter=[("m", "is_null")])) == old_ids
+    assert ids_of(table.read(filter=[("n", "=", "n1")])) == sorted(k for k in ids if k % 3 == 1)
+    assert ids_of(table.read(filter=[("m", "=", 0)])) == sorted(k for k in ids if k % 3 == 0)
+    assert ids_of(table.read(filter=[("m", "<", 5)])) == sorted(ids)
+    assert ids_of(table.read(filter=[("n", "is_not_null")])) == sorted(ids)
+    assert ids_of(table.read(filter=[("n", "!=", "n0")])) == sorted(k for k in ids if k % 3 != 0)
+    assert ids_of(table.read(filter=[("m", "not_in", [1])])) == sorted(k for k in ids if k % 3 != 1)
+
+    for spark_filter, ref in [("n IS NULL", pc.field("n").is_null()), ("m IS NULL", pc.field("m").is_null()),
+                              ("n = 'n1'", pc.field("n") == "n1"), ("m >= 1", pc.field("m") >= 1),
+                              ("n IS NOT NULL AND v < 5", pc.field("n").is_valid() & (pc.field("v") < 5)),
+                              ("NOT (m = 2)", pc.field("m") != 2)]:
+        expected = _arrow_rows(read.filter(ref))
+        assert expected, spark_filter
+        assert _read(spark, uri, True, spark_filter)[0] == expected, spark_filter
+        if spark_filter in ("n IS NULL", "n = 'n1'"):
+            assert _read(spark, uri, False, spark_filter)[0] == expected, spark_filter
+
+    # After a compaction every base file has the new columns (all null for old rows).
+    assert table.compact() is not None
+    assert ids_of(table.read(filter=[("n", "is_null")])) == old_ids
+    assert ids_of(table.read(filter=[("m", "=", 0)])) == sorted(k for k in ids if k % 3 == 0)
+
+
+# -- the Python API's filter forms ---------------------------------------------------------------
+
+PY = pa.schema([("id", pa.int64()), ("i", pa.int32()), ("s", pa.string()), ("d", pa.date32()),
+                ("b", pa.bool_()), ("x", pa.float64())])
+
+
+@pytest.fixture(scope="module")
+def py_table(tmp_path_factory):
+    uri = str(tmp_path_factory.mktemp("pushdown") / "py")
+    table = nbcc.Table.create(uri, PY, "id", buckets=4)
+    ids = list(range(60))
+
+    def rows(ks, tag):
+        return pa.table({
+            "id": ks, "i": [None if k % 8 == 0 else k % 10 for k in ks],
+            "s": [None if k % 9 == 0 else f"{tag}{k:02d}{'-end' if k % 4 == 0 else ''}" for k in ks],
+            "d": [dt.date(2026, 11, 1) + dt.timedelta(days=k % 15) for k in ks],
+            "b": [None if k % 10 == 0 else k % 3 == 0 for k in ks], "x": [k * 1.5 for k in ks]}, schema=PY)
+
+    table.write(rows(ids, "a"))
+    table.compact()
+    table.write(rows(list(range(20, 40)), "b"))
+    table.write(pa.table({"id": pa.array([21, 22], pa.int64())}), operation="delete")
+    return table
+
+
+def _py_cases():
+    day = dt.date(2026, 11, 5)
+    f = pc.field
+    return [
+        (("i", "=", 3), f("i") == 3), (("i", "==", 3), f("i") == 3), (("i", "!=", 3), f("i") != 3),
+        (("i", "<", 3), f("i") < 3), (("i", "<=", 3), f("i") <= 3), (("i", ">", 7), f("i") > 7),
+        (("i", ">=", 7), f("i") >= 7), (("i", "in", [1, 4, 9]), f("i").isin([1, 4, 9])),
+        (("i", "not_in", [1, 4, 9]), ~f("i").isin([1, 4, 9]) & f("i").is_valid()),
+        (("i", "not in", [1, 4]), ~f("i").isin([1, 4]) & f("i").is_valid()),
+        (("i", "is_null"), f("i").is_null()), (("i", "is null"), f("i").is_null()),
+        (("i", "is_not_null"), f("i").is_valid()), (("i", "is not null"), f("i").is_valid()),
+        (("x", "is_null"), f("x").is_null()), (("x", "is_not_null"), f("x").is_valid()),
+        (("s", "starts_with", "b2"), pc.starts_with(f("s"), "b2")),
+        (("s", "ends_with", "-end"), pc.ends_with(f("s"), "-end")),
+        (("s", "contains", "3"), pc.match_substring(f("s"), "3")),
+        (("s", "=", "a05"), f("s") == "a05"), (("s", ">", "b"), f("s") > "b"),
+        (("s", "in", ["a05", "b25", "zz"]), f("s").isin(["a05", "b25", "zz"])),
+        (("d", "=", day), f("d") == pa.scalar(day)), (("d", "<", day), f("d") < pa.scalar(day)),
+        (("d", ">=", day), f("d") >= pa.scalar(day)),
+        (("d", "in", [day, dt.date(2026, 11, 9)]), f("d").isin(pa.array([day, dt.date(2026, 11, 9)]))),
+        (("b", "=", True), f("b") == True),  # noqa: E712
+        (("b", "!=", True), f("b") != True),  # noqa: E712
+        (("id", "=", 21), f("id") == 21), (("id", "in", [1, 2, 3, 50]), f("id").isin([1, 2, 3, 50])),
+        (("id", ">", 55), f("id") > 55),
+    ]
+
+
+def test_python_tuple_filters_match_filtering_the_read(py_table):
+    cases = _py_cases()
+    assert {t[1] for t, _ in cases} >= set(OPERATORS)
+    everything = py_table.read()
+    for spec, ref in cases:
+        expected = _arrow_rows(everything.filter(ref))
+        assert _arrow_rows(py_table.read(filter=[spec])) == expected, spec
+        assert _arrow_rows(py_table.read(filter=spec)) == expected, spec  # one tuple alone
+    # Several tuples: all must hold.
+    spec = [("i", ">", 2), ("s", "starts_with", "a"), ("d", "<", dt.date(2026, 11, 10)), ("id", "not_in", [13])]
+    ref = (pc.field("i") > 2) & pc.starts_with(pc.field("s"), "a") & \
+        (pc.field("d") < pa.scalar(dt.date(2026, 11, 10))) & (pc.field("id") != 13)
+    expected = _arrow_rows(everything.filter(ref))
+    assert expected and _arrow_rows(py_table.read(filter=spec)) == expected
+
+
+def test_python_filter_dates_as_iso_text(py_table):
+    """The documented form (README, nbcc.expr): dates may be given as ISO text."""
+    everything = py_table.read()
+    days = [dt.date(2026, 11, 5), dt.date(2026, 11, 9)]
+    expected = _arrow_rows(everything.filter(pc.field("d").isin(pa.array(days))))
+    assert expected
+    assert _arrow_rows(py_table.read(filter=[("d", "in", [d.isoformat() for d in days])])) == expected
+    expected = _arrow_rows(everything.filter(pc.field("d") >= pa.scalar(days[0])))
+    assert _arrow_rows(py_table.read(filter=[("d", ">=", "2026-11-05")])) == expected
+
+
+def test_python_arrow_expression_filters(py_table):
+    everything = py_table.read()
+    for expr in [pc.field("x") > 30, (pc.field("i") > 3) & pc.field("s").is_valid(),
+                 pc.field("x") == 1.5, pc.field("s").is_null() | (pc.field("id") < 3)]:
+        expected = _arrow_rows(everything.filter(expr))
+        assert expected
+        assert _arrow_rows(py_table.read(filter=expr)) == expected
+    assert py_table.read(filter=pc.field("x") > 1e9).num_rows == 0
+
+
+@pytest.mark.parametrize("spec, words", [
+    ([("nope", "=", 1)], ["nope", "not in the table"]),
+    ([("i", "~", 1)], ["'~'", "unknown"]),
+    ([("i", "=", "abc")], ["'i'", "abc"]),
+    ([("d", "<", 5.5)], ["'d'"]),
+    ([("d", "=", 5)], ["'d'"]),
+    ([("i", "in", 5)], ["'i'", "list"]),
+    ([("s", "in", "abc")], ["'s'", "list"]),
+    ([("i", "starts_with", "1")], ["'i'", "string"]),
+    ([("i", "=", None)], ["is_null"]),
+    ([("i", ">", 2**40)], ["'i'", "int32"]),
+    ([("i", "=")], ["'i'"]),
+    ([("x", ">", 3.0)], ["'x'", "pyarrow expression"]),
+    ("id = 5", ["list of (column, op, value) tuples"]),
+    ([["i", "=", 3]], ["tuples"]),
+])
+def test_python_bad_filters_are_clear_errors(py_table, spec, words):
+    with pytest.raises(nbcc.InvalidOptionError) as err:
+        py_table.read(filter=spec)
+    for w in words:
+        assert w in str(err.value), (spec, str(err.value))
+    with pytest.raises(nbcc.InvalidOptionError):
+        py_table.plan(filter=spec)
+
+
+# -- meta columns through Spark ------------------------------------------------------------------
+
+def test_filters_with_meta_columns(spark, wide):
+    uri, table, *_ = wide
+    meta = table.read(include_meta_columns=True)
+    writes = [i for i in table.timeline() if i.state == "completed" and i.action == "deltacommit"]
+    fourth = writes[3].instant  # the upsert after the compaction
+    counts = Counter(r["_nbcc_commit_time"] for r in meta.to_pylist())
+    assert counts[fourth] > 0 and counts[fourth] < meta.num_rows
+    names = meta.schema.names
+    for spark_filter, ref in [
+        (f"_nbcc_commit_time = '{fourth}'", pc.field("_nbcc_commit_time") == fourth),
+        (f"_nbcc_commit_time < '{fourth}' AND p = 'a'",
+         (pc.field("_nbcc_commit_time") < fourth) & (pc.field("p") == "a")),
+        ("_nbcc_record_key = '42' AND id = 42", (pc.field("_nbcc_record_key") == "42") & (pc.field("id") == 42)),
+        ("_nbcc_file_group LIKE '00000003%' AND i >= 100", pc.starts_with(pc.field("_nbcc_file_group"), "00000003")
+         & (pc.field("i") >= 100)),
+    ]:
+        expected = _arrow_rows(meta.filter(ref).select(names))
+        assert expected, spark_filter
+        assert _read(spark, uri, True, spark_filter, include_meta_columns="true")[0] == expected, spark_filter
+    off, _ = _read(spark, uri, False, f"_nbcc_commit_time = '{fourth}'", include_meta_columns="true")
+    assert off == _arrow_rows(meta.filter(pc.field("_nbcc_commit_time") == fourth).select(names))
