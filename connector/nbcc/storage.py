@@ -130,6 +130,21 @@ class Storage:
         finally:
             os.unlink(tmp)
 
+    def replace(self, rel: str, data: bytes) -> None:
+        """Write `rel` whole, replacing what was there; readers see the old or the new content,
+        never a torn one (local: temporary file and rename; S3: one PUT)."""
+        path = self.full_path(rel)
+        if self.is_local:
+            parent = os.path.dirname(path)
+            os.makedirs(parent, exist_ok=True)
+            tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+            return
+        self.fs.pipe_file(path, data)
+        self.fs.invalidate_cache(path.rsplit("/", 1)[0])
+
     def read_bytes(self, rel: str) -> bytes:
         return self.fs.cat_file(self.full_path(rel))
 

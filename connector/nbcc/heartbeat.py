@@ -1,0 +1,77 @@
+"""Heartbeats of writes in flight: how the cleaner tells a slow writer from a dead one.
+
+While a write is in flight, whoever writes its files refreshes `.nbcc/heartbeats/<instant>.json`
+(`{"ms": <epoch ms>}`): a thread of the Python API writer, and every Spark task that writes (on
+each batch, at most once per interval), so a long write stays alive however long it takes. An
+inflight instant whose heartbeat is older than `heartbeat_timeout_s` (or that has none and was
+requested that long ago) is failed and may be rolled back by another process (`rollback.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from .storage import Storage
+
+HEARTBEAT_DIR = ".nbcc/heartbeats"
+DEFAULT_HEARTBEAT_TIMEOUT_S = 300
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def beat(storage: Storage, instant: str) -> None:
+    storage.replace(f"{HEARTBEAT_DIR}/{instant}.json", json.dumps({"ms": _now_ms()}).encode())
+
+
+def last_beat_ms(storage: Storage, instant: str) -> int | None:
+    try:
+        return int(json.loads(storage.read_bytes(f"{HEARTBEAT_DIR}/{instant}.json"))["ms"])
+    except (FileNotFoundError, ValueError, KeyError):
+        return None
+
+
+def remove(storage: Storage, instant: str) -> None:
+    storage.delete(f"{HEARTBEAT_DIR}/{instant}.json")
+
+
+class Throttled:
+    """Refreshes a heartbeat when called, at most once per `interval_s` (for Spark tasks)."""
+
+    def __init__(self, storage: Storage, instant: str, interval_s: float):
+        self.storage, self.instant, self.interval_s = storage, instant, interval_s
+        self._last = 0.0
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            beat(self.storage, self.instant)
+            self._last = now
+
+
+class Heartbeat:
+    """A background thread that refreshes an instant's heartbeat until stopped."""
+
+    def __init__(self, storage: Storage, instant: str, interval_s: float):
+        self.storage, self.instant, self.interval_s = storage, instant, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"nbcc-heartbeat-{instant}", daemon=True)
+
+    def __enter__(self) -> "Heartbeat":
+        beat(self.storage, self.instant)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                beat(self.storage, self.instant)
+            except Exception:  # noqa: BLE001 - a missed beat is retried; expiry is generous
+                pass
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
