@@ -177,8 +177,12 @@ def test_spark_write_failing_in_a_task_is_rolled_back(spark, table):
     bad = spark.createDataFrame([(3, "c", 1), (None, "d", 1)], "id long, name string, ts long")
     with pytest.raises(Exception, match="record key column 'id' has 1 null"):
         bad.write.format("nbcc").mode("append").save(table.uri)
-    # abort rolled the instant back: no data file, no timeline entry, the same rows.
-    _unchanged(table, files, rows)
+    # abort rolled the instant back at once: no data file left, the same rows, and the instant
+    # marked rolled back on the timeline (its only trace).
+    marks = _files(table.uri) - files
+    assert len(marks) == 1 and next(iter(marks)).endswith(".deltacommit.rolledback")
+    assert [i.state for i in table.timeline()] == ["completed", "rolledback"]
+    assert table.read().sort_by("id").to_pylist() == rows
 
 
 def test_spark_read_of_a_missing_file_names_it(spark, table):

@@ -26,6 +26,8 @@ from .errors import CommitError, SchemaError
 from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
 from .storage import Storage
+from . import heartbeat
+from .rollback import rollback_instant
 from .timeline import (
     Timeline,
     create_completed,
@@ -46,6 +48,7 @@ class WriteTransaction:
     operation: str
     schema: pa.Schema  # the table schema this write produces (possibly with added columns)
     added_columns: list[str] = field(default_factory=list)
+    partition_depth: int = 0  # number of partition columns (a rollback lists that deep)
     instant: str = ""
     started_at: float = 0.0
 
@@ -54,6 +57,7 @@ class WriteTransaction:
         self.started_at = time.time()
         info = {"operation": self.operation, "host": socket.gethostname(), "pid": os.getpid()}
         create_requested(self.storage, self.instant, self.action, info)
+        heartbeat.beat(self.storage, self.instant)
         create_inflight(self.storage, self.instant, self.action, info)
         return self.instant
 
@@ -85,6 +89,7 @@ class WriteTransaction:
         # (a failure here would make Spark call abort on a committed instant).
         try:
             remove_pending_files(self.storage, self.instant, self.action)
+            heartbeat.remove(self.storage, self.instant)
         except Exception as exc:  # noqa: BLE001
             log.warning("commit %s completed; removing its pending files failed: %s", self.instant, exc)
         return completion
@@ -101,25 +106,6 @@ class WriteTransaction:
                         f"while this write added it as {mine[f['name']]}; cast it and write again"
                     )
 
-    def rollback(self, files: Iterable[dict[str, Any]] = (), partitions: Iterable[str] = ()) -> None:
-        """Undo a failed write: its data files first, then its pending timeline files.
-
-        `files` are those known to be written; every partition in `partitions` is also listed
-        for files of this instant that a failed task left without reporting them."""
-        done = Timeline.load(self.storage).get(self.instant)
-        if done is not None and done.is_completed:
-            # Never undo a published commit (Hudi HUDI-5675): e.g. the completed file was
-            # created but the client saw an error, or tidying after completion failed.
-            log.warning("not rolling back %s: it is completed", self.instant)
-            return
-        doomed = {(f["partition"], f["name"]) for f in files}
-        for part in set(partitions) | {p for p, _ in doomed}:
-            for name in self.storage.list_names(part):
-                try:
-                    if parse_data_file(name).instant == self.instant:
-                        doomed.add((part, name))
-                except ValueError:
-                    continue
-        for part, name in sorted(doomed):
-            self.storage.delete(f"{part}/{name}" if part else name)
-        remove_pending_files(self.storage, self.instant, self.action)
+    def rollback(self, files: Iterable[dict[str, Any]] = (), reason: str = "the write failed") -> bool:
+        """Undo this write at once (a failed Spark job's abort); never a completed one."""
+        return rollback_instant(self.storage, self.clock, self.instant, self.partition_depth, files, reason)

@@ -27,6 +27,7 @@ OPERATIONS = (UPSERT, DELETE)
 DEFAULT_BUCKETS = 16
 DEFAULT_MAX_LOG_FILE_BYTES = 512 * 1024 * 1024
 DEFAULT_LOCK_LEASE_MS = 30_000
+DEFAULT_HEARTBEAT_TIMEOUT_S = 300
 
 
 def _names(value: str | Sequence[str] | None) -> list[str]:
@@ -133,6 +134,7 @@ class TableConfig:
     buckets: int = DEFAULT_BUCKETS
     merge_mode: str = COMMIT_TIME
     lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS
+    heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -140,7 +142,8 @@ class TableConfig:
     def build(cls, schema: pa.Schema, record_key: str | Sequence[str] | None, *,
               ordering_field: str | None = None, partition_by: str | Sequence[str] = (),
               buckets: int = DEFAULT_BUCKETS, merge_mode: str | None = None,
-              lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS) -> "TableConfig":
+              lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS,
+              heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S) -> "TableConfig":
         """Validate the settings of a new table."""
         keys = tuple(_names(record_key))
         if not keys:
@@ -176,7 +179,7 @@ class TableConfig:
         # Record keys are never null (a null partition value goes to __HIVE_DEFAULT_PARTITION__).
         fields = [f.with_nullable(False) if f.name in keys else f for f in schema]
         return cls(pa.schema(fields), keys, ordering_field, tuple(_names(partition_by)), buckets, mode,
-                   int(lock_lease_ms))
+                   int(lock_lease_ms), _positive_int("heartbeat_timeout_s")(heartbeat_timeout_s))
 
     def to_json(self) -> bytes:
         doc = {
@@ -188,6 +191,7 @@ class TableConfig:
             "buckets": self.buckets,
             "merge_mode": self.merge_mode,
             "lock_lease_ms": self.lock_lease_ms,
+            "heartbeat_timeout_s": self.heartbeat_timeout_s,
             **self.extra,
         }
         return json.dumps(doc, indent=2).encode()
@@ -199,7 +203,7 @@ class TableConfig:
         if version != FORMAT_VERSION:
             raise SchemaError(f"table format version {version} is not supported by this nbcc (supports {FORMAT_VERSION})")
         known = {"format_version", "schema", "record_key", "ordering_field", "partition_by", "buckets",
-                 "merge_mode", "lock_lease_ms"}
+                 "merge_mode", "lock_lease_ms", "heartbeat_timeout_s"}
         return cls(
             schema=schema_from_json(doc["schema"]),
             record_key=tuple(doc["record_key"]),
@@ -208,6 +212,7 @@ class TableConfig:
             buckets=int(doc["buckets"]),
             merge_mode=doc["merge_mode"],
             lock_lease_ms=int(doc.get("lock_lease_ms", DEFAULT_LOCK_LEASE_MS)),
+            heartbeat_timeout_s=int(doc.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S)),
             format_version=version,
             extra={k: v for k, v in doc.items() if k not in known},
         )

@@ -9,8 +9,11 @@ import pyarrow as pa
 from .clock import TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .compaction import run_compaction, schedule_compaction
+from .heartbeat import Heartbeat
+from .rollback import rollback_failed_writes, rollback_instant
 from .config import (
     DEFAULT_BUCKETS,
+    DEFAULT_HEARTBEAT_TIMEOUT_S,
     DEFAULT_LOCK_LEASE_MS,
     DELETE,
     OPERATIONS,
@@ -45,11 +48,16 @@ class Table:
                ordering_field: str | None = None, partition_by: str | Sequence[str] = (),
                buckets: int = DEFAULT_BUCKETS, merge_mode: str | None = None,
                storage_options: Mapping[str, Any] | None = None,
-               lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS) -> "Table":
-        """Create a table; TableExistsError if the URI already holds one."""
+               lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS,
+               heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S) -> "Table":
+        """Create a table; TableExistsError if the URI already holds one.
+
+        lock_lease_ms: how long a crashed process can hold the table lock before others take it.
+        heartbeat_timeout_s: how long a write may go without a heartbeat before the cleaner
+        treats it as failed and rolls it back."""
         config = TableConfig.build(schema, record_key, ordering_field=ordering_field,
                                    partition_by=partition_by, buckets=buckets, merge_mode=merge_mode,
-                                   lock_lease_ms=lock_lease_ms)
+                                   lock_lease_ms=lock_lease_ms, heartbeat_timeout_s=heartbeat_timeout_s)
         storage = Storage(uri, dict(storage_options or {}))
         if not storage.put_if_absent(TABLE_CONFIG_PATH, config.to_json()):
             raise TableExistsError(f"{uri} already holds an nbcc table; open it with nbcc.Table.open")
@@ -117,12 +125,18 @@ class Table:
             self.storage, self.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
             "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
+            partition_depth=len(self.config.partition_by),
         )
         txn.begin()
         return txn
 
-    def log_writer(self, txn: WriteTransaction, token: str, max_log_file_bytes: int | None = None) -> LogWriter:
-        return LogWriter(self.storage, self.config, txn.schema, txn.instant, token, max_log_file_bytes)
+    def log_writer(self, txn: WriteTransaction, token: str, max_log_file_bytes: int | None = None,
+                   on_progress: Callable[[], None] | None = None) -> LogWriter:
+        return LogWriter(self.storage, self.config, txn.schema, txn.instant, token, max_log_file_bytes, on_progress)
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return max(0.2, self.config.heartbeat_timeout_s / 6)
 
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
               max_log_file_bytes: int | None = None) -> str:
@@ -141,13 +155,26 @@ class Table:
             check_first = lambda table_schema: check_values(whole, self.config, table_schema, operation)  # noqa: E731
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite", check_first=check_first)
         writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
-        for batch in batches:
-            if batch.num_rows:
-                writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
-        txn.commit(writer.close())
+        with Heartbeat(self.storage, txn.instant, self.heartbeat_interval_s):
+            for batch in batches:
+                if batch.num_rows:
+                    writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
+            files = writer.close()
+        txn.commit(files)
         return txn.instant
 
     # -- table services ----------------------------------------------------------------------
+
+    def rollback(self, instant: str) -> bool:
+        """Roll back a write that is not completed (its files are deleted and the instant is
+        marked rolled back); False if it completed or does not exist."""
+        return rollback_instant(self.storage, self.clock, instant, len(self.config.partition_by),
+                                reason="rolled back on request")
+
+    def rollback_failed_writes(self, heartbeat_timeout_s: float | None = None) -> list[str]:
+        """Roll back every write whose heartbeat expired; the instants rolled back."""
+        timeout = self.config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
+        return rollback_failed_writes(self.storage, self.clock, len(self.config.partition_by), timeout)
 
     def schedule_compaction(self) -> str | None:
         """Plan a compaction of every file group with log files; its instant, or None if there is

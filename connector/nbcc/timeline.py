@@ -30,7 +30,8 @@ COMPACTION = "compaction"  # a pending compaction: <Tc>.compaction.requested hol
 COMPACTION_COMMIT = "commit"  # a completed compaction: <Tc>_<completion>.commit lists base files
 
 REQUESTED, INFLIGHT, COMPLETED = "requested", "inflight", "completed"
-_STATE_RANK = {REQUESTED: 0, INFLIGHT: 1, COMPLETED: 2}
+ROLLEDBACK = "rolledback"  # a failed write undone: <instant>.<action>.rolledback
+_STATE_RANK = {REQUESTED: 0, INFLIGHT: 1, ROLLEDBACK: 2, COMPLETED: 3}
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Instant:
 def parse_instant_file(name: str) -> Instant | None:
     """The Instant a timeline file name stands for, or None for names that are not instants."""
     parts = name.split(".")
-    if len(parts) == 3 and parts[2] in (REQUESTED, INFLIGHT):
+    if len(parts) == 3 and parts[2] in (REQUESTED, INFLIGHT, ROLLEDBACK):
         instant, action, state = parts
         if len(instant) == TIME_LEN and instant.isdigit():
             return Instant(instant, action, state)
@@ -88,7 +89,8 @@ class Timeline:
         return sorted((i for i in self.instants if i.is_completed), key=lambda i: i.completion)
 
     def pending(self) -> list[Instant]:
-        return [i for i in self.instants if not i.is_completed]
+        """Instants requested or inflight (not completed, not rolled back)."""
+        return [i for i in self.instants if i.state in (REQUESTED, INFLIGHT)]
 
     def completion_times(self) -> dict[str, str | None]:
         """instant -> completion time, None for pending ones (what file slicing takes)."""
@@ -150,10 +152,16 @@ def create_completed(storage: Storage, instant: str, completion: str, action: st
     """Publish a commit. Must run under the table lock that issued `completion`.
 
     The completed file's name holds the completion time, so put-if-absent alone cannot stop a
-    retried commit from completing the instant twice; under the lock, looking first is safe."""
-    done = [n for n in storage.list_names(TIMELINE_DIR, prefix=f"{instant}_")]
-    if done:
-        raise CommitError(f"instant {instant} is already completed ({done[0]})")
+    retried commit from completing the instant twice; under the lock, looking first is safe. The
+    same look refuses an instant that was rolled back (rollback marks it under the same lock)."""
+    for name in storage.list_names(TIMELINE_DIR, prefix=instant):
+        if name.startswith(f"{instant}_"):
+            raise CommitError(f"instant {instant} is already completed ({name})")
+        if name.endswith(f".{ROLLEDBACK}"):
+            raise CommitError(
+                f"instant {instant} was rolled back (its heartbeat expired, or its job aborted); "
+                "its files are gone: write the data again"
+            )
     name = f"{instant}_{completion}.{action}"
     if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata)):
         raise CommitError(f"instant {instant} is already completed")

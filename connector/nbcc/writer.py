@@ -10,7 +10,7 @@ import datetime as _dt
 import decimal
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -137,7 +137,8 @@ class LogWriter:
     """Appends prepared rows to the log files of one (instant, token)."""
 
     def __init__(self, storage: Storage, config: TableConfig, table_schema: pa.Schema, instant: str,
-                 token: str, max_log_file_bytes: int | None = None):
+                 token: str, max_log_file_bytes: int | None = None,
+                 on_progress: Callable[[], None] | None = None):
         self.storage = storage
         self.config = config
         self.schema = file_schema(table_schema)
@@ -147,9 +148,12 @@ class LogWriter:
         self.row_group_bytes = min(ROW_GROUP_BYTES, max(self.max_bytes // 4, 1))
         self._open: dict[tuple[str, int], _OpenLog] = {}
         self.stats_columns = [f.name for f in table_schema if supported_type(f.type)]
+        self.on_progress = on_progress  # keeps the instant's heartbeat alive (Spark tasks)
         self.files: list[dict[str, Any]] = []
 
     def write(self, rows: pa.Table) -> None:
+        if self.on_progress is not None:
+            self.on_progress()
         for partition, bucket, group in split_rows(rows, self.config.partition_by, self.config.record_key,
                                                    self.config.buckets):
             log = self._open.get((partition, bucket))

@@ -43,6 +43,7 @@ from nbcc.config import READ_OPTIONS, WRITE_OPTIONS, TableConfig, parse_options
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
+from nbcc.heartbeat import Throttled
 from nbcc.scan import INCREMENTAL, META_OUTPUT_FIELDS, ReadOptions, ScanPlan, ScanTask, plan_scan, read_schema, read_task
 from nbcc.storage import Storage
 from nbcc.writer import LogWriter, prepare
@@ -238,8 +239,9 @@ class NbccWriter(DataSourceArrowWriter):
 
         ctx = TaskContext.get()
         token = make_token(ctx.partitionId(), ctx.stageId(), ctx.attemptNumber()) if ctx else make_token(0, 0, 0)
+        interval = max(0.2, self.config.heartbeat_timeout_s / 6)
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
-                           self.max_log_file_bytes)
+                           self.max_log_file_bytes, on_progress=Throttled(self.storage, self.txn.instant, interval))
         for batch in iterator:
             if batch.num_rows:
                 writer.write(prepare(batch, self.config, self.txn.schema, self.txn.operation, self.txn.instant))
@@ -251,17 +253,4 @@ class NbccWriter(DataSourceArrowWriter):
 
     def abort(self, messages: list[NbccCommitMessage | None]) -> None:
         files = [f for m in messages if m is not None for f in m.files]
-        self.txn.rollback(files, partitions=_partition_folders(self.storage, len(self.config.partition_by)))
-
-
-def _partition_folders(storage: Storage, depth: int) -> list[str]:
-    """Every partition folder (found by listing: only a rollback does this, never a read)."""
-    level = [""]
-    for _ in range(depth):
-        nxt = []
-        for parent in level:
-            for name in storage.list_names(parent):
-                if "=" in name and not name.startswith("."):
-                    nxt.append(f"{parent}/{name}" if parent else name)
-        level = nxt
-    return level
+        self.txn.rollback(files, reason="the Spark job failed and aborted the write")

@@ -1,0 +1,97 @@
+"""Rolling back failed writes: at once by the writer that failed (a Spark job's abort), or lazily
+by the cleaner for writes whose heartbeat expired (a killed process, a lost driver).
+
+An instant is never rolled back without re-reading the timeline under the table lock: one that
+just completed is not failed (Hudi HUDI-5675). Under that lock the instant is marked
+`<instant>.<action>.rolledback`; a commit checks for the mark under the same lock, so a slow
+writer whose instant was rolled back can never complete it. Then its data files are deleted (the
+ones it reported, and any file of the instant found in the partition folders), then its heartbeat
+and requested/inflight files. Every step can be repeated after a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from .clock import TimeGenerator, parse_time
+from .filenames import parse_data_file
+from .heartbeat import last_beat_ms, remove
+from .storage import Storage
+from .timeline import DATA_ACTIONS, ROLLEDBACK, TIMELINE_DIR, Timeline, remove_pending_files
+
+log = logging.getLogger(__name__)
+
+
+def partition_folders(storage: Storage, depth: int) -> list[str]:
+    """Every partition folder, found by listing (a rollback does this; a read never does)."""
+    level = [""]
+    for _ in range(depth):
+        level = [f"{parent}/{name}" if parent else name
+                 for parent in level for name in storage.list_names(parent)
+                 if "=" in name and not name.startswith(".")]
+    return level
+
+
+def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, partition_depth: int,
+                     files: Iterable[dict[str, Any]] = (), reason: str = "") -> bool:
+    """Roll back write `instant` unless it completed. True if it is (now) rolled back."""
+    with clock.locked() as grant:
+        inst = Timeline.load(storage).get(instant)
+        if inst is None or inst.is_completed:
+            if inst is not None:
+                log.warning("not rolling back %s: it completed", instant)
+            return False
+        if inst.state != ROLLEDBACK:
+            grant.check()
+            mark = {"instant": instant, "rolled_back_at": grant.time, "reason": reason}
+            storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{inst.action}.{ROLLEDBACK}",
+                                  json.dumps(mark).encode())
+    doomed = {(f["partition"], f["name"]) for f in files}
+    for part in partition_folders(storage, partition_depth):
+        for name in storage.list_names(part):
+            try:
+                if parse_data_file(name).instant == instant:
+                    doomed.add((part, name))
+            except ValueError:
+                continue
+    for part, name in sorted(doomed):
+        storage.delete(f"{part}/{name}" if part else name)
+    remove(storage, instant)
+    remove_pending_files(storage, instant, inst.action)
+    return True
+
+
+@dataclass(frozen=True)
+class FailedWrite:
+    instant: str
+    action: str
+    idle_s: float
+
+
+def failed_writes(storage: Storage, timeout_s: float, timeline: Timeline | None = None) -> list[FailedWrite]:
+    """Pending writes whose heartbeat (or, if none, their start) is older than `timeout_s`."""
+    timeline = timeline or Timeline.load(storage)
+    now = time.time_ns() // 1_000_000
+    out = []
+    for inst in timeline.pending():
+        if inst.action not in DATA_ACTIONS:
+            continue
+        last = max(last_beat_ms(storage, inst.instant) or 0, parse_time(inst.instant))
+        if now - last > timeout_s * 1000:
+            out.append(FailedWrite(inst.instant, inst.action, (now - last) / 1000))
+    return out
+
+
+def rollback_failed_writes(storage: Storage, clock: TimeGenerator, partition_depth: int,
+                           timeout_s: float) -> list[str]:
+    """Lazily roll back every write whose heartbeat expired; the instants rolled back."""
+    done = []
+    for failed in failed_writes(storage, timeout_s):
+        reason = f"heartbeat expired ({failed.idle_s:.0f} s without one, timeout {timeout_s:.0f} s)"
+        if rollback_instant(storage, clock, failed.instant, partition_depth, reason=reason):
+            done.append(failed.instant)
+    return done
