@@ -99,7 +99,7 @@ class WriteTransaction:
         disagree on; refuse the later commit rather than publish files no reader can combine."""
         mine = {n: self.schema.field(n).type for n in self.added_columns}
         for inst in Timeline.load(self.storage).completed():
-            for f in read_commit_metadata(self.storage, inst)["schema"]:
+            for f in read_commit_metadata(self.storage, inst).get("schema", []):
                 if f["name"] in mine and f["type"] != type_to_json(mine[f["name"]]):
                     raise SchemaError(
                         f"column {f['name']!r} was added as {f['type']} by commit {inst.instant} "

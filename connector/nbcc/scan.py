@@ -315,7 +315,7 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     if options.query_type == INCREMENTAL:
         return _plan_incremental(storage, config, options, timeline)
     if options.as_of is not None:
-        _check_readable(timeline, options.as_of, "as_of")
+        _check_readable(storage, timeline, options.as_of, "as_of")
     view = table_view(storage, config, timeline, options.as_of)
     plan = ScanPlan(options, config, view.schema, _output_schema(config, view.schema, options),
                     completion={i.instant: i.completion for i in view.completed})
@@ -329,15 +329,25 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     return plan
 
 
-def _check_readable(timeline: Timeline, when: str, name: str) -> None:
-    done = timeline.completed()
+def oldest_readable(storage: Storage, timeline: Timeline) -> str | None:
+    """The oldest time a read can be as of: the first commit's completion, or the start of the
+    window the cleaner retained."""
+    from .clean import earliest_retained
+
+    done = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
     if not done:
+        return None
+    return max(done[0].completion, earliest_retained(storage, timeline) or "")
+
+
+def _check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -> None:
+    oldest = oldest_readable(storage, timeline)
+    if oldest is None:
         raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")
-    oldest = done[0].completion
     if when < oldest:
         raise InvalidOptionError(
-            f"{name}={when} is before the oldest state that can be read: the first retained commit "
-            f"completed at {oldest}; use a time at or after it"
+            f"{name}={when} is before the oldest state that can be read: the oldest retained commit "
+            f"completed at {oldest} (older files were cleaned); use a time at or after it"
         )
 
 
@@ -352,6 +362,15 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     end = min(options.end or latest, latest)
     if begin > end:
         raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
+    from .clean import earliest_retained
+
+    retained = earliest_retained(storage, timeline)
+    if retained is not None and begin < retained:
+        raise InvalidOptionError(
+            f"begin={options.begin or EARLIEST} reaches before the oldest retained commit (completed at "
+            f"{retained}): the changes before it were cleaned, so this range cannot be answered in "
+            f"full. Use begin >= {retained}."
+        )
     end_view = table_view(storage, config, timeline, end)
     begin_view = table_view(storage, config, timeline, begin) if begin != _BEFORE_ALL else None
     in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]

@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from .clock import TimeGenerator, parse_time_option
 from .commit import WriteTransaction
+from .clean import DEFAULT_RETAIN_COMMITS, clean
 from .compaction import run_compaction, schedule_compaction
 from .heartbeat import Heartbeat
 from .rollback import rollback_failed_writes, rollback_instant
@@ -185,6 +186,13 @@ class Table:
         """Execute a scheduled compaction in this process; its completion time (None if another
         execution completed it first). Safe to re-run after a crash."""
         return run_compaction(self.storage, self.config, self.clock, instant)
+
+    def clean(self, retain_commits: int = DEFAULT_RETAIN_COMMITS, heartbeat_timeout_s: float | None = None,
+              progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Roll back writes whose heartbeat expired, then delete the files that no read of the
+        last `retain_commits` data commits needs; returns what was done. Time travel to before
+        that window fails afterwards with a clear error."""
+        return clean(self.storage, self.config, self.clock, retain_commits, heartbeat_timeout_s, progress)
 
     def compact(self) -> str | None:
         """Schedule and execute a compaction; its instant, or None if there was nothing to do."""

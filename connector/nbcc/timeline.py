@@ -28,6 +28,7 @@ REPLACE_COMMIT = "replacecommit"  # overwrite: hides everything that completed b
 DATA_ACTIONS = (DELTA_COMMIT, REPLACE_COMMIT)  # the commits that change records
 COMPACTION = "compaction"  # a pending compaction: <Tc>.compaction.requested holds its plan
 COMPACTION_COMMIT = "commit"  # a completed compaction: <Tc>_<completion>.commit lists base files
+CLEAN = "clean"  # files deleted: <instant>_<completion>.clean records them and the window kept
 
 REQUESTED, INFLIGHT, COMPLETED = "requested", "inflight", "completed"
 ROLLEDBACK = "rolledback"  # a failed write undone: <instant>.<action>.rolledback

@@ -1,0 +1,139 @@
+"""Cleaning: delete the files no read of the retained window needs.
+
+The retained window starts at E, the completion time of the oldest of the last
+`clean_retain_commits` data commits. A file is kept if any read as of a time T >= E needs it:
+since the table only changes when a commit completes, those are the snapshot and read-optimized
+reads as of E and as of every completion time after it (and incremental reads, whose ranges then
+start at or after E, read the same files). Every input of a pending compaction plan is kept too
+(Hudi #19290). Everything else that a commit listed is deleted, and so are orphans: files in the
+partition folders whose instant is completed but which its commit does not list (a failed task
+attempt, a compaction run that lost) or whose instant was rolled back.
+
+A clean is an instant: `<Tcl>.clean.requested` holds the plan (E and the files), so readers stop
+reading before E before anything is deleted; then the files are deleted; `<Tcl>_<c>.clean`
+records what was deleted. Time travel before E, and incremental ranges starting before E, are
+then clear errors. A crashed clean is finished by the next one (deletes are idempotent).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .clock import TimeGenerator
+from .config import TableConfig
+from .filenames import parse_data_file
+from .rollback import partition_folders, rollback_failed_writes
+from .scan import _task_files, slices_by_group, table_view
+from .storage import Storage
+from .timeline import (
+    CLEAN,
+    DATA_ACTIONS,
+    REQUESTED,
+    TIMELINE_DIR,
+    Timeline,
+    create_completed,
+    read_compaction_plan,
+)
+
+DEFAULT_RETAIN_COMMITS = 10
+
+
+@dataclass
+class CleanPlan:
+    earliest_retained: str | None
+    delete: list[tuple[str, str]] = field(default_factory=list)  # (partition, file name)
+    rolled_back: list[str] = field(default_factory=list)
+
+
+def needed_files(storage: Storage, config: TableConfig, timeline: Timeline, since: str) -> set[tuple[str, str]]:
+    """Every (partition, file) a read as of any time >= `since` may open."""
+    points = [since] + [i.completion for i in timeline.completed() if i.completion > since]
+    needed: set[tuple[str, str]] = set()
+    for point in points:
+        view = table_view(storage, config, timeline, point)
+        for (partition, _), slices in slices_by_group(storage, view).items():
+            for read_optimized in (False, True):
+                for name in _task_files(slices, read_optimized, view.pending_compactions) or ():
+                    needed.add((partition, name))
+    for inst in timeline.instants:  # inputs of pending compactions (Hudi #19290)
+        if inst.action == "compaction" and not inst.is_completed:
+            for op in read_compaction_plan(storage, inst.instant)["operations"]:
+                for name in ([op["base_file"]] if op["base_file"] else []) + op["log_files"]:
+                    needed.add((op["partition"], name))
+    return needed
+
+
+def plan_clean(storage: Storage, config: TableConfig, retain_commits: int = DEFAULT_RETAIN_COMMITS,
+               timeline: Timeline | None = None) -> CleanPlan:
+    timeline = timeline or Timeline.load(storage)
+    data_commits = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
+    if len(data_commits) <= retain_commits:
+        return CleanPlan(None)
+    since = data_commits[-retain_commits].completion
+    needed = needed_files(storage, config, timeline, since)
+    view = table_view(storage, config, timeline, None)
+    listed = {(f["partition"], f["name"]) for m in view.metas.values() for f in m.get("files", [])}
+    doomed = listed - needed
+    # Orphans: files on storage that no commit lists, of instants that completed or were rolled back.
+    states = {i.instant: i for i in timeline.instants}
+    for part in partition_folders(storage, len(config.partition_by)):
+        for name in storage.list_names(part):
+            try:
+                instant = parse_data_file(name).instant
+            except ValueError:
+                continue
+            inst = states.get(instant)
+            if inst is not None and inst.state in ("completed", "rolledback") and (part, name) not in listed:
+                doomed.add((part, name))
+    return CleanPlan(since, sorted(doomed))
+
+
+def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
+          retain_commits: int = DEFAULT_RETAIN_COMMITS, heartbeat_timeout_s: float | None = None,
+          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Roll back expired writes, then delete what the retained window does not need. Returns the
+    clean's metadata (what was deleted); `progress(done, total)` is called while deleting."""
+    timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
+    rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
+    plan = plan_clean(storage, config, retain_commits)
+    result: dict[str, Any] = {"action": CLEAN, "earliest_retained": plan.earliest_retained,
+                              "deleted": [], "rolled_back": rolled_back, "files": []}
+    if plan.earliest_retained is None and not plan.delete:
+        return result
+    instant = clock.new_instant()
+    body = {"instant": instant, "earliest_retained": plan.earliest_retained,
+            "delete": [list(d) for d in plan.delete]}
+    storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}", json.dumps(body).encode())
+    for n, (part, name) in enumerate(plan.delete, 1):
+        storage.delete(f"{part}/{name}" if part else name)
+        if progress is not None:
+            progress(n, len(plan.delete))
+    result.update(instant=instant, deleted=[list(d) for d in plan.delete])
+    with clock.locked() as grant:
+        create_completed(storage, instant, grant.time, CLEAN, result)
+    storage.delete(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}")
+    return result
+
+
+def earliest_retained(storage: Storage, timeline: Timeline) -> str | None:
+    """The start of the retained window: the greatest E of every clean, pending ones included
+    (a pending clean may already be deleting)."""
+    from .timeline import read_commit_metadata
+
+    best = None
+    for inst in timeline.instants:
+        if inst.action != CLEAN:
+            continue
+        if inst.is_completed:
+            since = read_commit_metadata(storage, inst).get("earliest_retained")
+        else:
+            try:
+                since = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))[
+                    "earliest_retained"]
+            except FileNotFoundError:
+                continue
+        if since and (best is None or since > best):
+            best = since
+    return best
