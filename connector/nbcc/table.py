@@ -8,6 +8,7 @@ import pyarrow as pa
 
 from .clock import TimeGenerator, parse_time_option
 from .commit import WriteTransaction
+from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
 from .compaction import run_compaction, schedule_compaction
 from .heartbeat import Heartbeat
@@ -193,6 +194,11 @@ class Table:
         last `retain_commits` data commits needs; returns what was done. Time travel to before
         that window fails afterwards with a clear error."""
         return clean(self.storage, self.config, self.clock, retain_commits, heartbeat_timeout_s, progress)
+
+    def archive(self, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> dict[str, Any]:
+        """Move instants older than the retained window into .nbcc/history/ (reads stay the same;
+        listing the active timeline stays fast as the table ages)."""
+        return archive(self.storage, retain_commits)
 
     def compact(self) -> str | None:
         """Schedule and execute a compaction; its instant, or None if there was nothing to do."""

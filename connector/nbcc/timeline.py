@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from .clock import TIME_LEN
@@ -41,6 +41,7 @@ class Instant:
     action: str
     state: str
     completion: str | None = None
+    archived: bool = field(default=False, compare=False, repr=False)  # lives in .nbcc/history/
 
     @property
     def is_completed(self) -> bool:
@@ -82,8 +83,11 @@ class Timeline:
 
     @classmethod
     def load(cls, storage: Storage) -> "Timeline":
-        parsed = (parse_instant_file(n) for n in storage.list_names(TIMELINE_DIR))
-        return cls(i for i in parsed if i is not None)
+        """The active timeline (one listing) plus the archived instants of `.nbcc/history/`."""
+        parsed = [i for i in (parse_instant_file(n) for n in storage.list_names(TIMELINE_DIR)) if i is not None]
+        active = {i.instant for i in parsed}
+        archived = [i for i in load_history(storage) if i.instant not in active]
+        return cls(archived + parsed)
 
     def completed(self) -> list[Instant]:
         """Completed instants in completion order (the order commits became visible)."""
@@ -118,6 +122,8 @@ _CACHE_SIZE = 20_000
 def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
     if not instant.is_completed:
         raise CommitError(f"instant {instant.instant} is {instant.state}; only completed instants have metadata")
+    if instant.archived:
+        return _HISTORY_METADATA[(storage.uri, instant.instant)]
     key = (storage.uri, instant.file_name)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
@@ -185,3 +191,35 @@ def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
     with _CACHE_LOCK:
         _CACHE[key] = plan
     return plan
+
+
+# -- the archived timeline (.nbcc/history/*.parquet, written by archive.py) ------------------------
+
+HISTORY_DIR = ".nbcc/history"
+_HISTORY_FILES: dict[tuple[str, str], list[Instant]] = {}
+_HISTORY_METADATA: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def load_history(storage: Storage) -> list[Instant]:
+    """Archived instants, from every history file (each read once per process: they never change)."""
+    import pyarrow.parquet as pq
+
+    out: list[Instant] = []
+    for name in sorted(storage.list_names(HISTORY_DIR)):
+        if not name.endswith(".parquet"):
+            continue
+        key = (storage.uri, name)
+        with _CACHE_LOCK:
+            cached = _HISTORY_FILES.get(key)
+        if cached is None:
+            with storage.fs.open(storage.full_path(f"{HISTORY_DIR}/{name}"), "rb") as f:
+                rows = pq.read_table(f).to_pylist()
+            cached = []
+            for r in rows:
+                cached.append(Instant(r["instant"], r["action"], r["state"], r["completion"], archived=True))
+                if r["state"] == COMPLETED:
+                    _HISTORY_METADATA[(storage.uri, r["instant"])] = json.loads(r["metadata"])
+            with _CACHE_LOCK:
+                _HISTORY_FILES[key] = cached
+        out.extend(cached)
+    return out

@@ -1,0 +1,79 @@
+"""Timeline archival: move instants older than the retained window out of `.nbcc/timeline/`.
+
+Every completed (or rolled back) instant whose time is before the window the cleaner retained is
+written, with its metadata, into one Parquet file `.nbcc/history/<first>_<last>.parquet` (columns
+instant, action, state, completion, metadata), and only then removed from the active timeline. The
+timeline reads history files too (once per process), so completion times and file lists of
+archived instants are always found (Hudi #14365 lost data when an archived instant's completion
+time read back as null). A crash between the two steps leaves an instant in both places, which
+readers treat as one.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from .clean import DEFAULT_RETAIN_COMMITS, earliest_retained
+from .storage import Storage
+from .timeline import (
+    COMPACTION,
+    COMPACTION_COMMIT,
+    COMPLETED,
+    DATA_ACTIONS,
+    HISTORY_DIR,
+    INFLIGHT,
+    REQUESTED,
+    ROLLEDBACK,
+    TIMELINE_DIR,
+    Timeline,
+    read_commit_metadata,
+)
+
+
+def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> dict[str, Any]:
+    """Archive the instants before the retained window (the cleaner's, or else the last
+    `retain_commits` data commits). Returns {"archived": n, "file": name or None}."""
+    timeline = Timeline.load(storage)
+    boundary = earliest_retained(storage, timeline)
+    if boundary is None:
+        data = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
+        if len(data) <= retain_commits:
+            return {"archived": 0, "file": None}
+        boundary = data[-retain_commits].completion
+    pending = [i.instant for i in timeline.pending()]
+    oldest_pending = min(pending, default=None)
+    rows = []
+    for inst in timeline.instants:
+        if inst.archived or inst.state not in (COMPLETED, ROLLEDBACK):
+            continue
+        when = inst.completion if inst.is_completed else inst.instant
+        if when >= boundary or (oldest_pending is not None and inst.instant >= oldest_pending):
+            continue
+        if inst.is_completed:
+            meta = read_commit_metadata(storage, inst)
+        else:
+            meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.file_name}"))
+        rows.append({"instant": inst.instant, "action": inst.action, "state": inst.state,
+                     "completion": inst.completion, "metadata": json.dumps(meta, sort_keys=True)})
+    if not rows:
+        return {"archived": 0, "file": None}
+    table = pa.Table.from_pylist(rows, schema=pa.schema([
+        ("instant", pa.string()), ("action", pa.string()), ("state", pa.string()),
+        ("completion", pa.string()), ("metadata", pa.string())]))
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    name = f"{rows[0]['instant']}_{rows[-1]['instant']}.parquet"
+    storage.put_if_absent(f"{HISTORY_DIR}/{name}", sink.getvalue())
+    for r in rows:
+        instant, action = r["instant"], r["action"]
+        if r["state"] == COMPLETED:
+            storage.delete(f"{TIMELINE_DIR}/{instant}_{r['completion']}.{action}")
+        pending_action = COMPACTION if action == COMPACTION_COMMIT else action
+        for state in (ROLLEDBACK, INFLIGHT, REQUESTED):
+            storage.delete(f"{TIMELINE_DIR}/{instant}.{pending_action}.{state}")
+    return {"archived": len(rows), "file": name}
