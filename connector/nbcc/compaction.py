@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow.parquet as pq
 
@@ -110,16 +110,22 @@ def execution_token() -> str:
     return make_token(os.getpid() % 2**31, random.randrange(2**31), 0)
 
 
-def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, tc: str) -> str | None:
+def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, tc: str,
+                   progress: Callable[[int, int], None] | None = None) -> str | None:
     """Execute compaction `tc` in this process; returns its completion time (None if another
-    execution completed it first)."""
+    execution completed it first). `progress(done, total)` is called per file group."""
     inst = Timeline.load(storage).get(tc)
     if inst is None:
         raise CommitError(f"no compaction {tc} on the timeline")
     if inst.is_completed:
         return None
     token = execution_token()
-    files = [compact_file_group(storage, config, tc, op, token) for op in read_compaction_plan(storage, tc)["operations"]]
+    operations = read_compaction_plan(storage, tc)["operations"]
+    files = []
+    for n, op in enumerate(operations, 1):
+        files.append(compact_file_group(storage, config, tc, op, token))
+        if progress is not None:
+            progress(n, len(operations))
     try:
         return complete_compaction(storage, clock, tc, files)
     except CommitError:
