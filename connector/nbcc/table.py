@@ -183,10 +183,15 @@ class Table:
         nothing to compact. Writers keep writing; nothing waits for the compaction."""
         return schedule_compaction(self.storage, self.config, self.clock)
 
-    def run_compaction(self, instant: str) -> str | None:
+    def run_compaction(self, instant: str, progress: Callable[[int, int], None] | None = None) -> str | None:
         """Execute a scheduled compaction in this process; its completion time (None if another
-        execution completed it first). Safe to re-run after a crash."""
-        return run_compaction(self.storage, self.config, self.clock, instant)
+        execution completed it first). Safe to re-run after a crash. `progress(done, total)` is
+        called per file group."""
+        return run_compaction(self.storage, self.config, self.clock, instant, progress)
+
+    def pending_compactions(self) -> list[str]:
+        """Compactions scheduled and not completed (e.g. one whose run crashed: re-run it)."""
+        return [i.instant for i in Timeline.load(self.storage).pending() if i.action == "compaction"]
 
     def clean(self, retain_commits: int = DEFAULT_RETAIN_COMMITS, heartbeat_timeout_s: float | None = None,
               progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
@@ -200,11 +205,11 @@ class Table:
         listing the active timeline stays fast as the table ages)."""
         return archive(self.storage, retain_commits)
 
-    def compact(self) -> str | None:
+    def compact(self, progress: Callable[[int, int], None] | None = None) -> str | None:
         """Schedule and execute a compaction; its instant, or None if there was nothing to do."""
         tc = self.schedule_compaction()
         if tc is not None:
-            self.run_compaction(tc)
+            self.run_compaction(tc, progress)
         return tc
 
     # -- reading -----------------------------------------------------------------------------
