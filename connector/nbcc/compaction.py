@@ -133,3 +133,28 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
             return None  # another execution won; our files are never read
         raise
 
+
+
+def delta_commits_since_compaction(timeline: Timeline) -> int:
+    """Data commits completed after the latest compaction was scheduled (all, if none was)."""
+    from .timeline import DATA_ACTIONS
+
+    last = max((i.instant for i in timeline.instants if i.action in (COMPACTION, COMPACTION_COMMIT)), default="")
+    return sum(1 for i in timeline.completed() if i.action in DATA_ACTIONS and i.completion > last)
+
+
+def maybe_compact(storage: Storage, config: TableConfig, clock: TimeGenerator, every: int | None,
+                  inline: bool) -> str | None:
+    """The inline trigger, run after a commit: schedule a compaction once `every` delta commits
+    have completed since the last one, and execute it here if `inline`."""
+    if not every:
+        return None
+    timeline = Timeline.load(storage)
+    if delta_commits_since_compaction(timeline) < every:
+        return None
+    if any(i.action == COMPACTION and not i.is_completed for i in timeline.instants):
+        return None  # one is pending already: executing it is the job's (or the next inline run's)
+    tc = schedule_compaction(storage, config, clock)
+    if tc is not None and inline:
+        run_compaction(storage, config, clock, tc)
+    return tc

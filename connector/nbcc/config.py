@@ -59,6 +59,17 @@ def _choice(name: str, choices: Sequence[str]) -> Callable[[Any], str]:
     return parse
 
 
+def _bool_option(name: str) -> Callable[[Any], bool]:
+    def parse(value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "false"):
+            return text == "true"
+        raise InvalidOptionError(f"option {name!r} must be true or false, got {value!r}")
+    return parse
+
+
 def _optional_name(value: Any) -> str | None:
     v = str(value).strip()
     return v or None
@@ -82,6 +93,10 @@ WRITE_OPTIONS: dict[str, OptionSpec] = {
     **TABLE_OPTIONS,
     "operation": OptionSpec(_choice("operation", OPERATIONS), "upsert (default) | delete"),
     "max_log_file_bytes": OptionSpec(_positive_int("max_log_file_bytes"), "roll a log file over to a new version past this size"),
+    "compaction_delta_commits": OptionSpec(_positive_int("compaction_delta_commits"),
+                                           "schedule a compaction after every N delta commits"),
+    "compaction_inline": OptionSpec(_bool_option("compaction_inline"),
+                                    "true to also execute the scheduled compaction right after the commit"),
 }
 def _text(value: Any) -> str:
     return str(value).strip()

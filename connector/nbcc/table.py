@@ -10,7 +10,7 @@ from .clock import TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
-from .compaction import run_compaction, schedule_compaction
+from .compaction import maybe_compact, run_compaction, schedule_compaction
 from .heartbeat import Heartbeat
 from .rollback import rollback_failed_writes, rollback_instant
 from .config import (
@@ -141,13 +141,16 @@ class Table:
         return max(0.2, self.config.heartbeat_timeout_s / 6)
 
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
-              max_log_file_bytes: int | None = None) -> str:
+              max_log_file_bytes: int | None = None, compaction_delta_commits: int | None = None,
+              compaction_inline: bool = False) -> str:
         """Write `data` as one commit; returns its instant.
 
         `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key) or
         "delete" (the rows' keys are deleted). `mode="overwrite"` replaces the table's contents.
         Bad data raises before anything is written when `data` is a Table; a stream that turns
-        bad part-way leaves its instant inflight with none of its rows visible."""
+        bad part-way leaves its instant inflight with none of its rows visible.
+        `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
+        the last one (and runs it here too with `compaction_inline=True`)."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
         schema, batches = _as_batches(data)
@@ -163,6 +166,7 @@ class Table:
                     writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
             files = writer.close()
         txn.commit(files)
+        maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline)
         return txn.instant
 
     # -- table services ----------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -10,7 +11,11 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
-from nbcc.errors import InvalidOptionError, TableNotFoundError
+from nbcc.compaction import compact_file_group, complete_compaction
+from nbcc.config import parse_options
+from nbcc.errors import CommitError, InvalidOptionError, TableNotFoundError
+from nbcc.filenames import make_token
+from nbcc.timeline import Timeline, read_compaction_plan
 
 CONF_PREFIX = "spark.nbcc."
 _BUCKET_COL = "_nbcc_bucket"
@@ -66,3 +71,40 @@ def repartition_by_bucket(df: DataFrame, *, record_key: str | Sequence[str] | No
     with_bucket = df.withColumn(_BUCKET_COL, bucket_of(F.struct(*keys)))
     n = num_partitions or n_buckets
     return with_bucket.repartition(n, *parts, _BUCKET_COL).drop(_BUCKET_COL)
+
+
+def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedule_only: bool = False,
+            **options: Any) -> str | None:
+    """Compact the table at `uri` on Spark, one task per file group; returns the compaction
+    instant (None if there was nothing to compact).
+
+    Schedules a compaction on the driver (under the table lock), or re-runs the scheduled one
+    `instant` (e.g. after a crash); each task merges one file group into a base file with a token
+    of its own (a run id, the task index and its attempt number), and the driver completes the
+    instant. `options` are `storage.*` options (as for reads and writes)."""
+    _, storage_options = parse_options(options, {}, "compaction")
+    table = Table.open(uri, storage_options)
+    tc = instant or table.schedule_compaction()
+    if tc is None or schedule_only:
+        return tc
+    if Timeline.load(table.storage).get(tc).is_completed:
+        return tc
+    operations = read_compaction_plan(table.storage, tc)["operations"]
+    storage, config, run_id = table.storage, table.config, random.randrange(2**31)
+
+    def merge_group(indexed: tuple[int, dict]) -> dict:
+        from pyspark import TaskContext
+
+        index, op = indexed
+        ctx = TaskContext.get()
+        token = make_token(run_id, index, ctx.attemptNumber() if ctx else 0)
+        return compact_file_group(storage, config, tc, op, token)
+
+    rdd = spark.sparkContext.parallelize(list(enumerate(operations)), max(1, len(operations)))
+    files = rdd.map(merge_group).collect()
+    try:
+        complete_compaction(table.storage, table.clock, tc, files)
+    except CommitError:
+        if not Timeline.load(table.storage).get(tc).is_completed:
+            raise
+    return tc

@@ -39,6 +39,7 @@ from pyspark.sql.types import StructType
 
 from nbcc import Table
 from nbcc.commit import WriteTransaction
+from nbcc.compaction import maybe_compact
 from nbcc.config import READ_OPTIONS, WRITE_OPTIONS, TableConfig, parse_options
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
@@ -92,9 +93,10 @@ class DefaultSource(DataSource):
         arrow_schema = to_arrow_schema(schema, timezone="UTC")
         operation = options.pop("operation", "upsert")
         max_bytes = options.pop("max_log_file_bytes", None)
+        trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
         table = Table.open_or_create(uri, arrow_schema, storage_options, **options)
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite)
-        return NbccWriter(table.storage, table.config, txn, max_bytes)
+        return NbccWriter(table.storage, table.config, txn, max_bytes, trigger)
 
 
 def _pushdown_enabled() -> bool:
@@ -228,11 +230,12 @@ class NbccCommitMessage(WriterCommitMessage):
 
 class NbccWriter(DataSourceArrowWriter):
     def __init__(self, storage: Storage, config: TableConfig, txn: WriteTransaction,
-                 max_log_file_bytes: int | None):
+                 max_log_file_bytes: int | None, compaction_trigger: tuple[int | None, bool] = (None, False)):
         self.storage = storage
         self.config = config
         self.txn = txn
         self.max_log_file_bytes = max_log_file_bytes
+        self.compaction_trigger = compaction_trigger
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> NbccCommitMessage:
         from pyspark import TaskContext
@@ -250,6 +253,8 @@ class NbccWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         self.txn.commit([f for m in messages if m is not None for f in m.files])
+        every, inline = self.compaction_trigger
+        maybe_compact(self.storage, self.config, self.txn.clock, every, inline)
 
     def abort(self, messages: list[NbccCommitMessage | None]) -> None:
         files = [f for m in messages if m is not None for f in m.files]

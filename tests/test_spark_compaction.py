@@ -1,0 +1,86 @@
+"""Compaction on Spark (one task per file group), as a spark-submit job, and the inline trigger."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+
+import nbcc
+import pyspark_nbcc
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows(spark, uri):
+    return sorted(tuple(r) for r in spark.read.format("nbcc").load(uri).collect())
+
+
+def _write(spark, uri, lo, hi, factor, **options):
+    w = spark.range(lo, hi).selectExpr("id", f"id * {factor} as v").write.format("nbcc").mode("append")
+    for k, v in options.items():
+        w = w.option(k, str(v))
+    w.save(uri)
+
+
+def test_distributed_compaction_one_task_per_file_group(spark, local_table):
+    uri, _ = local_table
+    _write(spark, uri, 0, 1000, 2, record_key="id", buckets=4)
+    _write(spark, uri, 500, 1500, 3)
+    expected = [(i, i * 2) for i in range(500)] + [(i, i * 3) for i in range(500, 1500)]
+    assert _rows(spark, uri) == expected
+    tc = pyspark_nbcc.compact(spark, uri)
+    table = nbcc.Table.open(uri)
+    done = table.timeline()[-1]
+    assert (done.instant, done.action, done.state) == (tc, "commit", "completed")
+    slices = table.file_slices()
+    assert len(slices) == 4 and all(s.base_file and s.base_instant == tc and not s.log_files for s in slices)
+    assert len({s.base_file.split("_")[1] for s in slices}) == 4  # one token per task
+    assert _rows(spark, uri) == expected
+    assert pyspark_nbcc.compact(spark, uri) is None  # nothing left to compact
+
+
+def test_scheduled_compaction_is_finished_by_a_later_run(spark, local_table):
+    uri, _ = local_table
+    _write(spark, uri, 0, 100, 1, record_key="id", buckets=2)
+    tc = pyspark_nbcc.compact(spark, uri, schedule_only=True)
+    _write(spark, uri, 50, 150, 5)  # a write lands while the compaction is pending
+    expected = [(i, i) for i in range(50)] + [(i, i * 5) for i in range(50, 150)]
+    assert _rows(spark, uri) == expected
+    assert nbcc.Table.open(uri).pending_compactions() == [tc]
+    assert pyspark_nbcc.compact(spark, uri, instant=tc) == tc
+    assert nbcc.Table.open(uri).pending_compactions() == []
+    assert _rows(spark, uri) == expected
+
+
+def test_inline_trigger_through_spark_and_python(spark, local_table):
+    uri, _ = local_table
+    for n in range(3):
+        _write(spark, uri, n * 10, n * 10 + 20, n + 1, record_key="id", buckets=2, compaction_delta_commits=3)
+    actions = [(i.action, i.state) for i in nbcc.Table.open(uri).timeline()]
+    assert actions[-1] == ("compaction", "requested")  # scheduled after the 3rd commit, not run
+    table = nbcc.Table.open(uri)
+    table.run_compaction(table.pending_compactions()[0])
+    table.write(pa.table({"id": [1000], "v": [1]}), compaction_delta_commits=1, compaction_inline=True)
+    last = table.timeline()[-1]
+    assert (last.action, last.state) == ("commit", "completed")
+    assert dict(_rows(spark, uri))[1000] == 1 and len(_rows(spark, uri)) == 41
+
+
+def test_compaction_job_with_spark_submit(tmp_path):
+    uri = str(tmp_path / "t")
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id", buckets=2)
+    table.write(pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}))
+    table.write(pa.table({"id": [2], "v": ["B"]}))
+    spark_submit = Path(sys.executable).with_name("spark-submit")
+    cmd = [str(spark_submit), "--master", "local[1]", "--properties-file", str(ROOT / "spark_conf/nbcc-defaults.conf"),
+           "--conf", f"spark.nbcc.path={uri}", str(ROOT / "examples/compact.py")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "completed" in done.stdout
+    assert [s.base_file is not None for s in table.file_slices()] == [True, True]
+    assert table.read().sort_by("id").to_pydict() == {"id": [1, 2, 3], "v": ["a", "B", "c"]}
