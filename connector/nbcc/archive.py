@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .clean import DEFAULT_RETAIN_COMMITS, earliest_retained
+from .errors import InvalidOptionError
 from .storage import Storage
 from .timeline import (
     COMPACTION,
@@ -38,6 +39,8 @@ from .timeline import (
 def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> dict[str, Any]:
     """Archive the instants before the retained window (the cleaner's, or else the last
     `retain_commits` data commits). Returns {"archived": n, "file": name or None}."""
+    if int(retain_commits) < 1:
+        raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
     timeline = Timeline.load(storage)
     boundary = earliest_retained(storage, timeline)
     if boundary is None:

@@ -26,6 +26,7 @@ from .config import TableConfig
 from .filenames import parse_data_file
 from .rollback import partition_folders, rollback_failed_writes
 from .scan import _task_files, slices_by_group, table_view
+from .errors import InvalidOptionError
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -95,6 +96,8 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Roll back expired writes, then delete what the retained window does not need. Returns the
     clean's metadata (what was deleted); `progress(done, total)` is called while deleting."""
+    if int(retain_commits) < 1:
+        raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
     rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
     plan = plan_clean(storage, config, retain_commits)

@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from .clock import TimeGenerator
 from .config import TableConfig
-from .errors import CommitError
+from .errors import CommitError, InvalidOptionError
 from .filenames import base_file_name, make_token
 from .reader import read_files
 from .scan import slices_by_group, table_view
@@ -115,8 +115,8 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
     """Execute compaction `tc` in this process; returns its completion time (None if another
     execution completed it first). `progress(done, total)` is called per file group."""
     inst = Timeline.load(storage).get(tc)
-    if inst is None:
-        raise CommitError(f"no compaction {tc} on the timeline")
+    if inst is None or inst.action not in (COMPACTION, COMPACTION_COMMIT):
+        raise InvalidOptionError(f"no compaction {tc} on the timeline" + (f" ({tc} is a {inst.action})" if inst else ""))
     if inst.is_completed:
         return None
     token = execution_token()

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .clock import TimeGenerator, parse_time
+from .errors import InvalidOptionError
 from .filenames import parse_data_file
 from .heartbeat import last_beat_ms, remove
 from .storage import Storage
@@ -41,6 +42,11 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
     """Roll back write `instant` unless it completed. True if it is (now) rolled back."""
     with clock.locked() as grant:
         inst = Timeline.load(storage).get(instant)
+        if inst is not None and inst.action not in DATA_ACTIONS:
+            raise InvalidOptionError(
+                f"instant {instant} is a {inst.action}, not a write: only writes are rolled back "
+                "(a pending compaction is finished by running it again)"
+            )
         if inst is None or inst.is_completed:
             if inst is not None:
                 log.warning("not rolling back %s: it completed", instant)

@@ -157,7 +157,7 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
     completion = {i.instant: done.get(i.instant) for i in timeline.instants}
     pending = [i.instant for i in timeline.instants
                if i.action in (COMPACTION, COMPACTION_COMMIT) and (as_of is None or i.instant <= as_of)
-               and i.instant not in done]
+               and i.instant not in done and i.state != "rolledback"]
     cutoff = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
     return TableView(completed, metas, completion, pending, schema, cutoff)
 
@@ -315,7 +315,7 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     if options.query_type == INCREMENTAL:
         return _plan_incremental(storage, config, options, timeline)
     if options.as_of is not None:
-        _check_readable(storage, timeline, options.as_of, "as_of")
+        check_readable(storage, timeline, options.as_of, "as_of")
     view = table_view(storage, config, timeline, options.as_of)
     plan = ScanPlan(options, config, view.schema, _output_schema(config, view.schema, options),
                     completion={i.instant: i.completion for i in view.completed})
@@ -340,7 +340,7 @@ def oldest_readable(storage: Storage, timeline: Timeline) -> str | None:
     return max(done[0].completion, earliest_retained(storage, timeline) or "")
 
 
-def _check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -> None:
+def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -> None:
     oldest = oldest_readable(storage, timeline)
     if oldest is None:
         raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")

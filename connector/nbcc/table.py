@@ -26,7 +26,7 @@ from .config import (
 from .errors import InvalidOptionError, SchemaError, TableExistsError, TableNotFoundError
 from .file_slices import FileSlice
 from .filenames import make_token
-from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, slices_by_group, table_view
+from .scan import ReadOptions, ScanPlan, check_readable, plan_scan, read_plan, slices_by_group, table_view
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
@@ -264,7 +264,10 @@ class Table:
     def file_slices(self, as_of: Any = None) -> list[FileSlice]:
         """The latest file slice of every file group, by partition and file group."""
         when = parse_time_option(as_of, "as_of") if as_of is not None else None
-        view = table_view(self.storage, self.config, Timeline.load(self.storage), when)
+        timeline = Timeline.load(self.storage)
+        if when is not None:
+            check_readable(self.storage, timeline, when, "as_of")
+        view = table_view(self.storage, self.config, timeline, when)
         return [slices[0] for _, slices in sorted(slices_by_group(self.storage, view).items())]
 
     def __repr__(self) -> str:

@@ -1,0 +1,378 @@
+"""The `nbcc` command: inspect an nbcc table and run its table services from a shell.
+
+Usage:
+    nbcc [--storage-option KEY=VALUE ...] COMMAND URI [options]
+
+    nbcc timeline URI [--json]              every instant: instant, action, state, completion time
+    nbcc slices URI [--as-of T] [--json]    the file slices: per partition and file group, base
+                                            instant, base file and log files (in log order)
+    nbcc compact URI [--quiet]              finish pending compactions a crashed run left, then
+                                            schedule and run a new one (prints its instant)
+    nbcc compact URI --instant T            run (or finish) the scheduled compaction T
+    nbcc compact URI --schedule-only        only schedule a compaction; prints its instant
+    nbcc clean URI [--retain-commits N] [--heartbeat-timeout-s S] [--quiet]
+                                            roll back failed writes, delete the files no read of
+                                            the last N data commits needs
+    nbcc archive URI [--retain-commits N]   move old instants into .nbcc/history/
+    nbcc rollback URI INSTANT               roll back a write that did not complete
+    nbcc --version
+
+Times (T, INSTANT) are 17-digit instant times (yyyyMMddHHmmssSSS, UTC); `--as-of` also takes an
+ISO-8601 timestamp. `--storage-option KEY=VALUE` (repeatable, before or after the command) passes
+fsspec options, e.g. for S3:
+
+    nbcc timeline s3://bucket/table --storage-option endpoint_url=http://127.0.0.1:9000 \\
+        --storage-option key=ACCESS_KEY --storage-option secret=SECRET_KEY
+
+Progress bars go to stderr, only when it is a terminal (and not with --quiet). Errors print
+`nbcc: error: <message>` to stderr and exit 1; bad usage exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from . import __version__
+from .clean import DEFAULT_RETAIN_COMMITS, earliest_retained
+from .clock import parse_time_option
+from .errors import InvalidOptionError, NbccError
+from .rollback import failed_writes
+from .scan import oldest_readable
+from .table import Table
+from .timeline import COMPACTION, COMPACTION_COMMIT, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline
+
+PROG = "nbcc"
+
+
+# -- output helpers ------------------------------------------------------------------------------
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Aligned columns, two spaces apart; the last column is not padded."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    for row in [list(headers)] + [list(r) for r in rows]:
+        cells = [c.ljust(w) for c, w in zip(row[:-1], widths[:-1])] + [row[-1]]
+        print("  ".join(cells).rstrip())
+
+
+def _print_json(obj: Any) -> None:
+    print(json.dumps(obj, indent=2))
+
+
+class _Progress:
+    """A `progress(done, total)` callback drawing a tqdm bar on stderr (created on first call)."""
+
+    def __init__(self, desc: str, unit: str, enabled: bool):
+        self.desc, self.unit, self.enabled = desc, unit, enabled
+        self.bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=self.desc, unit=self.unit, file=sys.stderr, leave=False,
+                            dynamic_ncols=True)
+        self.bar.update(done - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def __enter__(self) -> "_Progress":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _progress(args: argparse.Namespace, desc: str, unit: str) -> _Progress:
+    enabled = not getattr(args, "quiet", False) and sys.stderr.isatty()
+    return _Progress(desc, unit, enabled)
+
+
+def _note(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+def _open(args: argparse.Namespace) -> Table:
+    return Table.open(args.uri, args.storage_options)
+
+
+def cmd_timeline(args: argparse.Namespace) -> int:
+    instants = _open(args).timeline()
+    if args.json:
+        _print_json([{"instant": i.instant, "action": i.action, "state": i.state, "completion": i.completion,
+                      "archived": i.archived} for i in instants])
+        return 0
+    _print_table(["INSTANT", "ACTION", "STATE", "COMPLETION"],
+                 [[i.instant, i.action, i.state, i.completion or "-"] for i in instants])
+    return 0
+
+
+def cmd_slices(args: argparse.Namespace) -> int:
+    table = _open(args)
+    as_of = None
+    if args.as_of is not None:
+        as_of = parse_time_option(args.as_of, "--as-of")
+        # Table.file_slices does not check this itself: it would list files the cleaner deleted.
+        timeline = Timeline.load(table.storage)
+        oldest = oldest_readable(table.storage, timeline)
+        if oldest is not None and as_of < oldest:
+            why = ("the start of the window the cleaner retained; older files were deleted"
+                   if oldest == earliest_retained(table.storage, timeline) else "the first commit's completion")
+            raise InvalidOptionError(
+                f"--as-of {as_of} is before the oldest state that can be read, {oldest} ({why}); "
+                "use a time at or after it")
+    slices = table.file_slices(as_of=as_of)
+    if args.json:
+        _print_json([{"partition": s.partition, "file_group": s.file_group_id, "base_instant": s.base_instant,
+                      "base_file": s.base_file, "log_files": list(s.log_files)} for s in slices])
+        return 0
+    rows = []
+    for s in slices:
+        logs = list(s.log_files) or ["-"]
+        rows.append([s.partition or "-", s.file_group_id, s.base_instant, s.base_file or "-", logs[0]])
+        rows.extend(["", "", "", "", name] for name in logs[1:])
+    _print_table(["PARTITION", "FILE GROUP", "BASE INSTANT", "BASE FILE", "LOG FILES"], rows)
+    return 0
+
+
+def _run_compaction(table: Table, args: argparse.Namespace, tc: str) -> str | None:
+    with _progress(args, f"compaction {tc}", "file group") as progress:
+        return table.run_compaction(tc, progress)
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    table = _open(args)
+    if args.schedule_only:
+        tc = table.schedule_compaction()
+        print(tc if tc is not None else "nothing to compact")
+        return 0
+    if args.instant is not None:
+        tc = parse_time_option(args.instant, "--instant")
+        inst = Timeline.load(table.storage).get(tc)
+        if inst is None:
+            raise InvalidOptionError(f"no instant {tc} on the timeline of {table.uri}")
+        if inst.action == COMPACTION_COMMIT and inst.is_completed:
+            print(f"compaction {tc} is already completed (at {inst.completion})")
+            return 0
+        if inst.action != COMPACTION or inst.state == ROLLEDBACK:
+            raise InvalidOptionError(
+                f"instant {tc} is a {inst.state} {inst.action}, not a scheduled compaction; "
+                "`nbcc timeline` lists the instants")
+        done = _run_compaction(table, args, tc)
+        print(f"compaction {tc} completed at {done}" if done is not None
+              else f"compaction {tc} was completed meanwhile by another run")
+        return 0
+    pending = table.pending_compactions()
+    if pending:
+        many = len(pending) > 1
+        _note(f"{len(pending)} pending compaction{'s' if many else ''} (scheduled, not completed: an earlier run "
+              f"crashed, or another process is running {'them' if many else 'it'}): {', '.join(pending)}; "
+              f"finishing {'them' if many else 'it'} first")
+        for tc in pending:
+            done = _run_compaction(table, args, tc)
+            print(f"finished pending compaction {tc}, completed at {done}" if done is not None
+                  else f"pending compaction {tc} was completed meanwhile by another run")
+    tc = table.schedule_compaction()
+    if tc is None:
+        print("nothing to compact")
+        return 0
+    done = _run_compaction(table, args, tc)
+    print(f"compaction {tc} completed at {done}" if done is not None
+          else f"compaction {tc} was completed meanwhile by another run")
+    return 0
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    table = _open(args)
+    with _progress(args, "deleting", "file") as progress:
+        result = table.clean(args.retain_commits, args.heartbeat_timeout_s, progress)
+    rolled_back = result.get("rolled_back") or []
+    print(f"rolled back failed writes: {', '.join(rolled_back) if rolled_back else 'none'}")
+    if result.get("earliest_retained") is None:
+        print(f"nothing to clean: the table has {args.retain_commits} or fewer data commits")
+        return 0
+    print(f"retained window starts at {result['earliest_retained']} "
+          f"(the last {args.retain_commits} data commits)")
+    deleted = len(result.get("deleted") or [])
+    print(f"deleted {deleted} file{'' if deleted == 1 else 's'}")
+    return 0
+
+
+def cmd_archive(args: argparse.Namespace) -> int:
+    table = _open(args)
+    result = table.archive(args.retain_commits)
+    n = result.get("archived", 0)
+    if not n:
+        print("nothing to archive: no completed instant is older than the retained window")
+        return 0
+    print(f"archived {n} instant{'' if n == 1 else 's'} into {table.uri}/{HISTORY_DIR}/{result['file']}")
+    return 0
+
+
+def cmd_rollback(args: argparse.Namespace) -> int:
+    table = _open(args)
+    instant = parse_time_option(args.instant, "INSTANT")
+    timeline = Timeline.load(table.storage)
+    inst = timeline.get(instant)
+    if inst is None:
+        raise InvalidOptionError(f"no instant {instant} on the timeline of {table.uri}; `nbcc timeline` lists them")
+    if inst.is_completed:
+        raise InvalidOptionError(
+            f"instant {instant} ({inst.action}) completed at {inst.completion}; only a write that did not "
+            "complete can be rolled back")
+    if inst.action not in DATA_ACTIONS:
+        hint = (f"; finish it with `nbcc compact {table.uri} --instant {instant}`" if inst.action == COMPACTION
+                else "")
+        raise InvalidOptionError(f"instant {instant} is a {inst.state} {inst.action}, not a write{hint}")
+    was = inst.state
+    if was != ROLLEDBACK:
+        expired = {f.instant for f in failed_writes(table.storage, table.config.heartbeat_timeout_s, timeline)}
+        if instant not in expired:
+            _note(f"warning: write {instant} started or had a heartbeat within the last "
+                  f"{table.config.heartbeat_timeout_s} s; if its writer is still running, its commit will now fail")
+    if not table.rollback(instant):
+        raise NbccError(f"instant {instant} completed while rolling back; it was not rolled back")
+    print(f"write {instant} was already rolled back; its leftover files are removed" if was == ROLLEDBACK
+          else f"rolled back {inst.action} {instant} (was {was})")
+    return 0
+
+
+# -- the parser ----------------------------------------------------------------------------------
+
+def _storage_option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+    return value
+
+
+_STORAGE_HELP = ("an fsspec storage option for the table's filesystem, e.g. endpoint_url=http://host:9000, "
+                 "key=..., secret=... for S3 (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Inspect an nbcc table and run its table services (compaction, cleaning, "
+                               "archival, rollback of failed writes).",
+        epilog="Times are 17-digit instant times (yyyyMMddHHmmssSSS, UTC). Run `nbcc COMMAND -h` for a "
+               "command's options.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    parser.add_argument("--storage-option", dest="storage_options_global", action="append", default=[],
+                        type=_storage_option, metavar="KEY=VALUE", help=_STORAGE_HELP)
+
+    # The same option after the command (argparse keeps a subcommand's values apart).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--storage-option", dest="storage_options_sub", action="append", default=[],
+                        type=_storage_option, metavar="KEY=VALUE", help=_STORAGE_HELP)
+    common.add_argument("uri", metavar="URI", help="the table's location: a local path, file://, s3://")
+
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("timeline", parents=[common], help="list the instants, oldest first",
+                       description="List every instant (archived ones too), oldest first: instant, action, "
+                                   "state and completion time ('-' if not completed).")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead")
+    p.set_defaults(func=cmd_timeline)
+
+    p = sub.add_parser("slices", parents=[common], help="list the file groups and their latest slices",
+                       description="List the latest file slice of every file group: partition, file group, "
+                                   "base instant, base file ('-' if none) and log files in log order.")
+    p.add_argument("--as-of", metavar="T", help="the slices as of time T (instant time or ISO-8601)")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead")
+    p.set_defaults(func=cmd_slices)
+
+    p = sub.add_parser("compact", parents=[common], help="schedule and run a compaction",
+                       description="Schedule a compaction of every file group with log files and run it "
+                                   "in this process; writers keep writing. Compactions that an earlier "
+                                   "run left unfinished are finished first.")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--instant", metavar="T", help="run (or finish) the scheduled compaction T only")
+    which.add_argument("--schedule-only", action="store_true",
+                       help="only schedule; print the compaction's instant (run it later with --instant)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_compact)
+
+    p = sub.add_parser("clean", parents=[common], help="roll back failed writes and delete unneeded files",
+                       description="Roll back writes whose heartbeat expired, then delete the files that no "
+                                   "read of the last N data commits needs. Time travel to before that "
+                                   "window fails afterwards.")
+    p.add_argument("--retain-commits", type=_positive_int, default=DEFAULT_RETAIN_COMMITS, metavar="N",
+                   help=f"data commits whose reads stay possible (default {DEFAULT_RETAIN_COMMITS})")
+    p.add_argument("--heartbeat-timeout-s", type=_seconds, default=None, metavar="S",
+                   help="roll back writes without a heartbeat for S seconds (default: the table's setting)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser("archive", parents=[common], help="move old instants into .nbcc/history/",
+                       description="Move completed instants older than the retained window (the cleaner's, "
+                                   "or else the last N data commits) into .nbcc/history/. Reads are "
+                                   "unchanged; `nbcc timeline` still lists them.")
+    p.add_argument("--retain-commits", type=_positive_int, default=DEFAULT_RETAIN_COMMITS, metavar="N",
+                   help=f"data commits kept on the active timeline if the table was never cleaned "
+                        f"(default {DEFAULT_RETAIN_COMMITS})")
+    p.set_defaults(func=cmd_archive)
+
+    p = sub.add_parser("rollback", parents=[common], help="roll back a write that did not complete",
+                       description="Roll back a write that did not complete: its files are deleted and "
+                                   "its instant is marked rolled back.")
+    p.add_argument("instant", metavar="INSTANT", help="the write's instant time")
+    p.set_defaults(func=cmd_rollback)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns the exit code (0 ok, 1 error, 2 bad usage)."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage errors, -h, --version
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    args.storage_options = dict(args.storage_options_global + args.storage_options_sub)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # `nbcc timeline URI | head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (NbccError, FileNotFoundError, ValueError) as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # storage unreachable, access denied, ...
+        print(f"{PROG}: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,331 @@
+"""The `nbcc` command (issue 4, "The nbcc command"): the installed console script once (a real
+process: output and exit codes), then `nbcc.cli.main` in-process for every command.
+
+Expected values come from what the tests wrote (the instants `table.write` returned, the files on
+disk, the rows written) and, for what only the table knows (completion times, slice layout), from
+the Python API the command is a front end to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import nbcc
+from nbcc.cli import main
+
+SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.int64())])
+NBCC = Path(sys.executable).parent / "nbcc"
+
+
+def batch(ids, version, parts=("a", "b")):
+    return pa.table({"id": list(ids), "p": [parts[i % len(parts)] for i in ids], "v": [version] * len(ids)},
+                    schema=SCHEMA)
+
+
+def make_table(uri, options=None, commits=3, partitioned=True) -> tuple[nbcc.Table, list[str]]:
+    table = nbcc.Table.create(uri, SCHEMA, "id", ordering_field="v", partition_by="p" if partitioned else (),
+                              buckets=2, storage_options=options)
+    instants = [table.write(batch(range(8), version)) for version in range(commits)]
+    return table, instants
+
+
+def run(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows_of(out: str) -> list[list[str]]:
+    """The rows of an aligned table (header dropped), split into cells."""
+    lines = out.strip().splitlines()
+    return [line.split() for line in lines[1:]]
+
+
+def data_files(root: str) -> set[str]:
+    """Every data file (base or log) under the table root, outside .nbcc/."""
+    out = set()
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != ".nbcc"]
+        out.update(os.path.relpath(os.path.join(folder, f), root) for f in files if not f.startswith("."))
+    return out
+
+
+def snapshot(table: nbcc.Table) -> list[dict]:
+    return sorted(table.read().to_pylist(), key=lambda r: r["id"])
+
+
+def completion_of(table: nbcc.Table, instant: str) -> str:
+    [inst] = [i for i in table.timeline() if i.instant == instant]
+    return inst.completion
+
+
+# -- the console script, in its own process -------------------------------------------------------
+
+def test_console_script_prints_the_timeline(local_table):
+    uri, _ = local_table
+    table, written = make_table(uri)
+    proc = subprocess.run([str(NBCC), "timeline", uri], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].split() == ["INSTANT", "ACTION", "STATE", "COMPLETION"]
+    rows = rows_of(proc.stdout)
+    assert [r[0] for r in rows] == written  # oldest first
+    assert all(r[1:3] == ["deltacommit", "completed"] for r in rows)
+    assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
+    # aligned: every column starts at the same offset on every line
+    header, *lines = proc.stdout.splitlines()
+    for column, title in enumerate(["ACTION", "STATE", "COMPLETION"], 1):
+        start = header.index(title)
+        for line, row in zip(lines, rows):
+            assert line[start - 1] == " " and line[start:].split()[0] == row[column], (title, line)
+
+
+def test_console_script_error_exits_1_with_a_message_and_no_traceback(tmp_path):
+    proc = subprocess.run([str(NBCC), "timeline", str(tmp_path / "nothing-here")], capture_output=True,
+                          text=True, check=False)
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("nbcc: error: ")
+    assert "not an nbcc table" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+# -- timeline and slices -------------------------------------------------------------------------
+
+def test_timeline_json_and_pending_instants(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri)
+    txn = table.begin_write(SCHEMA)  # left inflight
+    code, out, _ = run(capsys, "timeline", uri, "--json")
+    assert code == 0
+    listed = json.loads(out)
+    assert [d["instant"] for d in listed] == written + [txn.instant]
+    assert listed[-1]["state"] == "inflight" and listed[-1]["completion"] is None
+    assert [(d["instant"], d["action"], d["state"], d["completion"]) for d in listed] == [
+        (i.instant, i.action, i.state, i.completion) for i in table.timeline()]
+    code, out, _ = run(capsys, "timeline", uri)
+    assert rows_of(out)[-1] == [txn.instant, "deltacommit", "inflight", "-"]
+
+
+def test_slices_names_every_file_of_every_slice(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=3)
+    code, out, _ = run(capsys, "slices", uri)
+    assert code == 0
+    assert out.splitlines()[0].split() == ["PARTITION", "FILE", "GROUP", "BASE", "INSTANT", "BASE", "FILE",
+                                           "LOG", "FILES"]
+    on_disk = {Path(f).name for f in data_files(uri)}
+    printed = set(out.split())
+    assert on_disk and on_disk <= printed  # every log file written is shown
+    slices = table.file_slices()
+    assert {s.partition for s in slices} == {"p=a", "p=b"}
+    for s in slices:
+        assert s.file_group_id in printed and s.base_instant in printed
+        assert [name for name in out.split() if name in s.log_files] == list(s.log_files)  # in log order
+
+    code, out, _ = run(capsys, "slices", uri, "--json")
+    assert code == 0
+    assert json.loads(out) == [{"partition": s.partition, "file_group": s.file_group_id,
+                                "base_instant": s.base_instant, "base_file": s.base_file,
+                                "log_files": list(s.log_files)} for s in slices]
+
+
+def test_slices_as_of_shows_the_older_state(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=3, partitioned=False)
+    first = completion_of(table, written[0])
+    code, out, _ = run(capsys, "slices", uri, "--as-of", first, "--json")
+    assert code == 0
+    logs = [name for s in json.loads(out) for name in s["log_files"]]
+    assert logs and all(written[0] in name for name in logs)  # only the first commit's files
+    code, _, err = run(capsys, "slices", uri, "--as-of", "yesterday")
+    assert code == 1 and err.startswith("nbcc: error: ") and "as-of" in err
+
+
+# -- compaction ----------------------------------------------------------------------------------
+
+def test_compact_completes_a_commit_and_keeps_the_snapshot(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=3)
+    before = snapshot(table)
+    code, out, err = run(capsys, "compact", uri)
+    assert code == 0, err
+    [commit] = [i for i in table.timeline() if i.action == "commit"]
+    assert commit.is_completed and commit.instant > written[-1]
+    assert commit.instant in out
+    assert snapshot(table) == before
+    slices = table.file_slices()
+    assert slices and all(s.base_file and s.base_instant == commit.instant and not s.log_files for s in slices)
+    assert err == ""  # no progress bar when stderr is not a terminal
+
+    code, out, _ = run(capsys, "compact", uri)  # nothing new since
+    assert code == 0 and out.strip() == "nothing to compact"
+
+
+def test_compact_finishes_a_crashed_compaction_first(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    before = snapshot(table)
+    tc = table.schedule_compaction()  # scheduled, never run: what a crash leaves
+    assert table.pending_compactions() == [tc]
+    code, out, err = run(capsys, "compact", uri, "--quiet")
+    assert code == 0
+    assert tc in err and "pending" in err  # the user is told
+    assert tc in out
+    assert table.pending_compactions() == []
+    assert [i.instant for i in table.timeline() if i.action == "commit" and i.is_completed] == [tc]
+    assert snapshot(table) == before
+
+
+def test_compact_schedule_only_then_run_by_instant(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    before = snapshot(table)
+    code, out, _ = run(capsys, "compact", uri, "--schedule-only")
+    assert code == 0
+    tc = out.strip()
+    assert table.pending_compactions() == [tc]
+    table.write(batch([1, 2], 9))  # writers keep writing
+    code, out, _ = run(capsys, "compact", uri, "--instant", tc)
+    assert code == 0 and tc in out
+    assert [i.instant for i in table.timeline() if i.action == "commit" and i.is_completed] == [tc]
+    expected = {r["id"]: r for r in before}
+    expected.update({r["id"]: r for r in batch([1, 2], 9).to_pylist()})
+    assert snapshot(table) == sorted(expected.values(), key=lambda r: r["id"])
+
+    written = table.write(batch([3], 10))
+    code, _, err = run(capsys, "compact", uri, "--instant", written)
+    assert code == 1 and "not a scheduled compaction" in err
+
+
+# -- cleaning and archival -----------------------------------------------------------------------
+
+def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=3)
+    assert run(capsys, "compact", uri, "-q")[0] == 0
+    failed = table.begin_write(SCHEMA)  # a write that never finishes
+    written += [table.write(batch(range(4), version)) for version in (10, 11)]
+    before_files = data_files(uri)
+    before_rows = snapshot(table)
+
+    code, out, err = run(capsys, "clean", uri, "--retain-commits", "2", "--heartbeat-timeout-s", "0")
+    assert code == 0, err
+    after_files = data_files(uri)
+    deleted = before_files - after_files
+    assert deleted and after_files < before_files
+    assert f"deleted {len(deleted)} files" in out
+    window = completion_of(table, written[-2])  # the older of the last 2 data commits
+    assert f"retained window starts at {window}" in out
+    assert failed.instant in out  # rolled back: its heartbeat is older than 0 s
+    assert [i.state for i in table.timeline() if i.instant == failed.instant] == ["rolledback"]
+    assert snapshot(table) == before_rows
+
+    too_old = completion_of(table, written[0])
+    with pytest.raises(nbcc.NbccError):
+        table.read(as_of=too_old)
+    code, out, err = run(capsys, "slices", uri, "--as-of", too_old)
+    assert code == 1 and out == ""
+    assert err.startswith("nbcc: error: ") and window in err
+    assert run(capsys, "slices", uri, "--as-of", window)[0] == 0
+
+
+def test_clean_with_few_commits_deletes_nothing(local_table, capsys):
+    uri, _ = local_table
+    make_table(uri, commits=2)
+    before = data_files(uri)
+    code, out, _ = run(capsys, "clean", uri)
+    assert code == 0 and "nothing to clean" in out
+    assert data_files(uri) == before
+
+
+def test_archive_moves_instants_and_the_timeline_still_lists_them(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=6)
+    before_rows = snapshot(table)
+    active = Path(uri) / ".nbcc" / "timeline"
+    before_active = len(list(active.iterdir()))
+    _, listed_before, _ = run(capsys, "timeline", uri)
+
+    code, out, err = run(capsys, "archive", uri, "--retain-commits", "2")
+    assert code == 0, err
+    moved = before_active - len(list(active.iterdir()))
+    assert moved > 0
+    assert out.startswith(f"archived {moved} instants into ")
+    history_file = Path(out.strip().rsplit(" ", 1)[1])
+    assert history_file.is_file() and history_file.parent == Path(uri) / ".nbcc" / "history"
+
+    code, listed_after, _ = run(capsys, "timeline", uri)
+    assert code == 0 and listed_after == listed_before
+    assert [r[0] for r in rows_of(listed_after)] == written
+    archived = [d["instant"] for d in json.loads(run(capsys, "timeline", uri, "--json")[1]) if d["archived"]]
+    assert len(archived) == moved and archived == written[:moved]
+    assert snapshot(table) == before_rows
+
+
+# -- rollback ------------------------------------------------------------------------------------
+
+def test_rollback_of_an_inflight_write(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    before = snapshot(table)
+    txn = table.begin_write(SCHEMA)
+    code, out, _ = run(capsys, "rollback", uri, txn.instant)
+    assert code == 0 and txn.instant in out
+    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
+    assert snapshot(table) == before
+    with pytest.raises(nbcc.CommitError):  # the writer can no longer complete it
+        txn.commit([])
+
+
+def test_rollback_of_a_completed_or_unknown_instant_fails(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=2)
+    code, out, err = run(capsys, "rollback", uri, written[0])
+    assert code == 1 and out == ""
+    assert err.startswith("nbcc: error: ") and written[0] in err and "completed" in err
+    assert [i.state for i in table.timeline() if i.instant == written[0]] == ["completed"]
+
+    unknown = "20000101000000000"
+    code, _, err = run(capsys, "rollback", uri, unknown)
+    assert code == 1 and unknown in err and "Traceback" not in err
+
+
+# -- errors and options --------------------------------------------------------------------------
+
+def test_a_uri_that_is_not_a_table(tmp_path, capsys):
+    for command in (["timeline"], ["slices"], ["compact"], ["clean"], ["archive"], ["rollback"]):
+        argv = command + [tmp_path / "empty"] + (["20240101000000000"] if command == ["rollback"] else [])
+        code, out, err = run(capsys, *argv)
+        assert code == 1, command
+        assert out == "" and err.startswith("nbcc: error: ") and "not an nbcc table" in err
+
+
+def test_usage_errors_exit_2(local_table, capsys):
+    uri, _ = local_table
+    make_table(uri, commits=1)
+    assert run(capsys, "timeline", uri, "--storage-option", "no-equals-sign")[0] == 2
+    assert run(capsys, "nosuchcommand", uri)[0] == 2
+    assert run(capsys, "clean", uri, "--retain-commits", "0")[0] == 2
+    assert run(capsys, "compact", uri, "--schedule-only", "--instant", "20240101000000000")[0] == 2
+    code, out, _ = run(capsys, "--version")
+    assert code == 0 and out.strip() == f"nbcc {nbcc.__version__}"
+
+
+def test_timeline_on_s3_with_storage_options(s3_table, capsys):
+    uri, options = s3_table
+    table, written = make_table(uri, options, commits=2)
+    code, out, err = run(capsys, "--storage-option", f"endpoint_url={options['endpoint_url']}",
+                         "timeline", uri,
+                         "--storage-option", f"key={options['key']}", "--storage-option", f"secret={options['secret']}")
+    assert code == 0, err
+    rows = rows_of(out)
+    assert [r[0] for r in rows] == written
+    assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
