@@ -48,7 +48,9 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
         if len(data) <= retain_commits:
             return {"archived": 0, "file": None}
         boundary = data[-retain_commits].completion
-    pending = [i.instant for i in timeline.pending()]
+    # Only writes and compactions in flight hold archival back (a pending clean is finished by
+    # the next clean and never needs older instants).
+    pending = [i.instant for i in timeline.pending() if i.action in DATA_ACTIONS + (COMPACTION,)]
     oldest_pending = min(pending, default=None)
     rows = []
     for inst in timeline.instants:

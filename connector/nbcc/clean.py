@@ -22,11 +22,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .clock import TimeGenerator
+from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
 from .filenames import parse_data_file
 from .rollback import partition_folders, rollback_failed_writes
 from .scan import _task_files, slices_by_group, table_view
-from .errors import InvalidOptionError
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -70,14 +70,15 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int = DEFA
                timeline: Timeline | None = None) -> CleanPlan:
     timeline = timeline or Timeline.load(storage)
     data_commits = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
-    if len(data_commits) <= retain_commits:
-        return CleanPlan(None)
-    since = data_commits[-retain_commits].completion
-    needed = needed_files(storage, config, timeline, since)
     view = table_view(storage, config, timeline, None)
     listed = {(f["partition"], f["name"]) for m in view.metas.values() for f in m.get("files", [])}
-    doomed = listed - needed
-    # Orphans: files on storage that no commit lists, of instants that completed or were rolled back.
+    since = None
+    doomed: set[tuple[str, str]] = set()
+    if len(data_commits) > retain_commits:
+        since = data_commits[-retain_commits].completion
+        doomed = listed - needed_files(storage, config, timeline, since)
+    # Orphans (whatever the window): files on storage that no commit lists, of instants that
+    # completed or were rolled back (failed task attempts, compaction runs that lost or crashed).
     states = {i.instant: i for i in timeline.instants}
     for part in partition_folders(storage, len(config.partition_by)):
         for name in storage.list_names(part):
@@ -100,6 +101,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
     rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
+    _finish_pending_cleans(storage, clock)
     plan = plan_clean(storage, config, retain_commits)
     result: dict[str, Any] = {"action": CLEAN, "earliest_retained": plan.earliest_retained,
                               "deleted": [], "rolled_back": rolled_back, "files": []}
@@ -118,6 +120,27 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         create_completed(storage, instant, grant.time, CLEAN, result)
     storage.delete(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}")
     return result
+
+
+def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
+    """Complete cleans that a crash left requested (their deletes are idempotent)."""
+    for inst in Timeline.load(storage).pending():
+        if inst.action != CLEAN:
+            continue
+        try:
+            body = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))
+        except FileNotFoundError:
+            continue
+        for part, name in body["delete"]:
+            storage.delete(f"{part}/{name}" if part else name)
+        result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": body["earliest_retained"],
+                  "deleted": body["delete"], "rolled_back": [], "files": []}
+        try:
+            with clock.locked() as grant:
+                create_completed(storage, inst.instant, grant.time, CLEAN, result)
+        except CommitError:
+            pass  # another cleaner finished it
+        storage.delete(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}")
 
 
 def earliest_retained(storage: Storage, timeline: Timeline) -> str | None:

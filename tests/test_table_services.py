@@ -1,0 +1,953 @@
+"""Table services that never block writers, driven through the Python API and real OS processes:
+compaction killed part-way and re-run, two executions of one plan, lazy rollback of failed
+writes (and never of live or completed ones), cleaning, timeline archival, and crashes of the
+cleaner and the archiver.
+
+Every expected value comes from the test's own bookkeeping (`Ref`: the rows it handed to the
+writers; `data_files`: what it sees on disk), never from the code under test. Crashes are made
+deterministic: the child process patches one step of the service to signal through a file and
+hang there, and the test SIGKILLs it once the signal exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+import pyarrow as pa
+import pytest
+
+import nbcc
+from nbcc.writer import prepare
+
+SCHEMA = pa.schema([("id", pa.int64()), ("part", pa.string()), ("ts", pa.int64()), ("v", pa.string())])
+COLUMNS = SCHEMA.names
+HEARTBEAT_TIMEOUT_S = 2
+WAIT_S = 60  # deadline for anything a child or an expiring heartbeat must do
+
+
+# -- bookkeeping -------------------------------------------------------------------------------
+
+def part_of(key: int) -> str:
+    """Each key lives in one partition for ever (its record is (part, id))."""
+    return "a" if key % 2 else "b"
+
+
+class Ref:
+    """The rows the test wrote: each key's latest row (ts grows with every batch, so the latest
+    batch wins), the state after each commit, and which keys each commit changed."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.ts = 0
+
+    def batch(self, keys: Iterable[int], tag: str, part=part_of) -> tuple[pa.Table, list[dict[str, Any]]]:
+        self.ts += 1
+        rows = [{"id": k, "part": part(k), "ts": self.ts, "v": f"{tag}-{k}"} for k in keys]
+        return pa.Table.from_pylist(rows, schema=SCHEMA), rows
+
+    def apply(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            self.rows[r["id"]] = r
+
+    def expected(self, keys: Iterable[int] | None = None) -> list[dict[str, Any]]:
+        wanted = sorted(self.rows) if keys is None else sorted(set(keys))
+        return [self.rows[k] for k in wanted]
+
+    def write(self, table: nbcc.Table, keys: Iterable[int], tag: str, **kw) -> str:
+        data, rows = self.batch(keys, tag, **kw)
+        instant = table.write(data)
+        self.apply(rows)
+        return instant
+
+
+def rows_of(result: pa.Table) -> list[dict[str, Any]]:
+    got = sorted(result.select(COLUMNS).to_pylist(), key=lambda r: r["id"])
+    ids = [r["id"] for r in got]
+    assert len(ids) == len(set(ids)), f"duplicate keys in a read: {sorted(i for i in set(ids) if ids.count(i) > 1)}"
+    return got
+
+
+def snapshot(table: nbcc.Table, **kw) -> list[dict[str, Any]]:
+    return rows_of(table.read(**kw))
+
+
+def completion_of(table: nbcc.Table, instant: str) -> str:
+    found = [i for i in table.timeline() if i.instant == instant]
+    assert len(found) == 1 and found[0].completion, (instant, found)
+    return found[0].completion
+
+
+def timeline_tuples(table: nbcc.Table) -> list[tuple]:
+    return [(i.instant, i.action, i.state, i.completion) for i in table.timeline()]
+
+
+def data_files(uri: str) -> set[str]:
+    """Every data file under the table (partition/name), found by walking the folders."""
+    root = Path(uri)
+    out = set()
+    for p in root.rglob("*"):
+        rel = p.relative_to(root)
+        if p.is_file() and rel.parts[0] != ".nbcc" and not p.name.startswith("."):
+            out.add(str(rel))
+    return out
+
+
+def files_of_instant(files: Iterable[str], instant: str) -> set[str]:
+    """Data files an instant wrote: its log files, or (a compaction's) base files."""
+    return {f for f in files if f"_{instant}.log." in f or f.endswith(f"_{instant}.parquet")}
+
+
+def active_timeline_files(uri: str) -> list[str]:
+    return sorted(n for n in os.listdir(Path(uri) / ".nbcc" / "timeline") if not n.startswith("."))
+
+
+def new_table(uri: str, **kw) -> nbcc.Table:
+    kw.setdefault("buckets", 2)
+    return nbcc.Table.create(uri, SCHEMA, "id", ordering_field="ts", partition_by="part",
+                             heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, **kw)
+
+
+def incremental_correct_or_clear_error(table: nbcc.Table, begin: str, expected: list[dict[str, Any]]) -> str:
+    """An incremental read from `begin`: either exactly `expected`, or an InvalidOptionError that
+    says what is wrong with `begin`. Returns which of the two happened."""
+    try:
+        got = table.read(query_type="incremental", begin=begin)
+    except nbcc.InvalidOptionError as exc:
+        assert "begin" in str(exc), str(exc)
+        return "error"
+    assert rows_of(got) == expected
+    return "correct"
+
+
+# -- child processes ---------------------------------------------------------------------------
+
+class Children:
+    """Child processes started by one test; any still running at the end is killed (by pid)."""
+
+    def __init__(self, work: Path):
+        self.work = work
+        self.procs: list[tuple[subprocess.Popen, Path]] = []
+
+    def start(self, script: str, *args: str) -> subprocess.Popen:
+        log = self.work / f"child-{len(self.procs)}.log"
+        with open(log, "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
+                                    stdout=out, stderr=subprocess.STDOUT)
+        self.procs.append((proc, log))
+        return proc
+
+    def output(self, proc: subprocess.Popen) -> str:
+        return next(log.read_text(errors="replace") for p, log in self.procs if p is proc)[-4000:]
+
+    def wait_for(self, path: Path, proc: subprocess.Popen) -> Any:
+        """Wait until the child wrote `path` (JSON, written atomically); its content."""
+        deadline = time.monotonic() + WAIT_S
+        while not path.exists():
+            if proc.poll() is not None:
+                raise AssertionError(f"child exited ({proc.returncode}) before writing {path.name}:\n"
+                                     f"{self.output(proc)}")
+            assert time.monotonic() < deadline, f"child never wrote {path.name}:\n{self.output(proc)}"
+            time.sleep(0.01)
+        return json.loads(path.read_text())
+
+    def kill(self, proc: subprocess.Popen) -> None:
+        assert proc.poll() is None, f"child exited on its own ({proc.returncode}):\n{self.output(proc)}"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=WAIT_S)
+
+    def finish(self, proc: subprocess.Popen) -> None:
+        try:
+            proc.wait(timeout=WAIT_S)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"child did not finish:\n{self.output(proc)}") from None
+        assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{self.output(proc)}"
+
+    def close(self) -> None:
+        for proc, _ in self.procs:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def children(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    kids = Children(work)
+    yield kids
+    kids.close()
+
+
+# Shared by the child scripts: write JSON to a file atomically (the parent polls for it).
+PRELUDE = """
+import json, sys, time
+from pathlib import Path
+import pyarrow as pa
+import nbcc
+
+def report(path, obj):
+    tmp = Path(str(path) + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.rename(path)
+
+def hang():
+    while True:
+        time.sleep(60)
+"""
+
+# Schedules a compaction and runs it, but stalls for ever after the second file group's base
+# file is written (before the compaction completes), telling the parent so.
+KILLED_COMPACTION = PRELUDE + """
+import nbcc.compaction as compaction
+uri, signal_file = sys.argv[1], sys.argv[2]
+table = nbcc.Table.open(uri)
+tc = table.schedule_compaction()
+real = compaction.compact_file_group
+written = []
+
+def stalling(*args, **kwargs):
+    out = real(*args, **kwargs)
+    written.append(out["partition"] + "/" + out["name"])
+    if len(written) == 2:
+        report(signal_file, {"tc": tc, "written": written})
+        hang()
+    return out
+
+compaction.compact_file_group = stalling
+table.run_compaction(tc)
+sys.exit("the compaction completed although it was meant to stall")
+"""
+
+# Executes compaction argv[2]; after its first file group it waits until the other execution
+# got that far too, so that the two really run at once. Reports its result or its error.
+CONCURRENT_COMPACTION = PRELUDE + """
+import nbcc.compaction as compaction
+uri, tc, me, work = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
+table = nbcc.Table.open(uri)
+real = compaction.compact_file_group
+calls = []
+
+def gated(*args, **kwargs):
+    out = real(*args, **kwargs)
+    calls.append(out)
+    if len(calls) == 1:
+        (work / f"ready-{me}").write_text("ready")
+        deadline = time.monotonic() + 60
+        while not all((work / f"ready-{i}").exists() for i in ("0", "1")):
+            if time.monotonic() > deadline:
+                sys.exit("the other execution never started")
+            time.sleep(0.005)
+    return out
+
+compaction.compact_file_group = gated
+try:
+    result = {"completion": table.run_compaction(tc)}
+except nbcc.NbccError as exc:
+    result = {"error": type(exc).__name__ + ": " + str(exc)}
+report(work / f"result-{me}.json", result)
+"""
+
+# A writer that starts a write, writes its files and keeps its heartbeat alive, never committing.
+LIVE_WRITER = PRELUDE + """
+from nbcc.heartbeat import Heartbeat
+from nbcc.writer import prepare
+uri, signal_file, rows = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+schema = pa.schema([("id", pa.int64()), ("part", pa.string()), ("ts", pa.int64()), ("v", pa.string())])
+table = nbcc.Table.open(uri)
+data = pa.Table.from_pylist(rows, schema=schema)
+txn = table.begin_write(data.schema)
+with Heartbeat(table.storage, txn.instant, interval_s=0.3):
+    writer = table.log_writer(txn, "0-0-0")
+    writer.write(prepare(data, table.config, txn.schema, "upsert", txn.instant))
+    files = writer.close()
+    report(signal_file, {"instant": txn.instant, "files": [f["partition"] + "/" + f["name"] for f in files]})
+    hang()
+"""
+
+# Runs archive (argv[3] = retain_commits) or clean, letting only argv[4] deletes of the given
+# kind through before stalling for ever (the history file / the clean plan is already written).
+KILLED_SERVICE = PRELUDE + """
+import nbcc.storage as storage
+uri, signal_file, service, retain, allowed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+table = nbcc.Table.open(uri)
+real_delete = storage.Storage.delete
+deleted = []
+
+def delete(self, rel):
+    watched = rel.startswith(".nbcc/timeline/") if service == "archive" else not rel.startswith(".nbcc/")
+    if watched:
+        if len(deleted) >= allowed:
+            report(signal_file, {"deleted": deleted})
+            hang()
+        deleted.append(rel)
+    return real_delete(self, rel)
+
+storage.Storage.delete = delete
+if service == "archive":
+    table.archive(retain_commits=retain)
+else:
+    table.clean(retain_commits=retain)
+sys.exit(service + " finished although it was meant to stall")
+"""
+
+# A fresh process's view of the table: snapshot, timeline, and reads as of the given times.
+FRESH_VIEW = PRELUDE + """
+uri, out, times = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+compact = len(sys.argv) > 4 and sys.argv[4] == "compact"
+table = nbcc.Table.open(uri)
+result = {}
+if compact:
+    result["compaction"] = table.compact()
+def rows(t):
+    return sorted(t.select(["id", "part", "ts", "v"]).to_pylist(), key=lambda r: r["id"])
+result["snapshot"] = rows(table.read())
+result["timeline"] = [[i.instant, i.action, i.state, i.completion] for i in table.timeline()]
+result["as_of"] = {t: rows(table.read(as_of=t)) for t in times}
+report(out, result)
+"""
+
+
+def fresh_view(children: Children, uri: str, times: list[str], compact: bool = False) -> dict[str, Any]:
+    out = children.work / f"view-{len(children.procs)}.json"
+    proc = children.start(FRESH_VIEW, uri, str(out), json.dumps(times), *(["compact"] if compact else []))
+    children.finish(proc)
+    return json.loads(out.read_text())
+
+
+KEYS = list(range(40))  # 20 per partition: every file group of 2 partitions x 2 buckets
+
+
+# -- 1. compaction killed part-way, then re-run -----------------------------------------------
+
+def test_compaction_killed_part_way_is_pending_harmless_and_finished_by_a_rerun(local_table, children):
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    for n in range(3):
+        ref.write(table, KEYS[n::2] + KEYS[:10], f"c{n}")
+    before = ref.expected()
+    files_before = data_files(uri)
+    assert snapshot(table) == before
+
+    proc = children.start(KILLED_COMPACTION, uri, str(children.work / "stalled.json"))
+    info = children.wait_for(children.work / "stalled.json", proc)
+    children.kill(proc)
+    tc = info["tc"]
+
+    # The killed run left base files of tc behind: the orphans.
+    orphans = data_files(uri) - files_before
+    assert orphans == set(info["written"]) and len(orphans) == 2
+    assert all(f.endswith(f"_{tc}.parquet") for f in orphans)
+    # No read may ever open them: make them unreadable, and any read that did would fail.
+    for f in orphans:
+        (Path(uri) / f).write_bytes(b"not parquet: an orphan of a killed compaction")
+
+    # The compaction is pending; reads are unchanged.
+    assert table.pending_compactions() == [tc]
+    entry = [i for i in table.timeline() if i.instant == tc]
+    assert len(entry) == 1 and entry[0].state in ("requested", "inflight") and entry[0].completion is None
+    assert snapshot(table) == before
+    assert snapshot(table, query_type="read_optimized") == []  # no base file completed yet
+
+    # Writers keep writing while it is pending.
+    late = ref.write(table, [0, 1, 2, 3, 40, 41], "late")
+    after_late = ref.expected()
+    assert snapshot(table) == after_late
+    assert nbcc.Table.open(uri).pending_compactions() == [tc]
+
+    # Re-running finishes it: nothing lost, nothing duplicated, the late write kept.
+    completion = table.run_compaction(tc)
+    assert completion is not None and completion > tc
+    assert table.pending_compactions() == []
+    done = [i for i in table.timeline() if i.instant == tc]
+    assert [(i.action, i.state, i.completion) for i in done] == [("commit", "completed", completion)]
+    assert snapshot(table) == after_late
+    assert snapshot(table, query_type="read_optimized") == before  # the base files hold the state at tc
+    assert snapshot(table, as_of=completion) == after_late
+    assert snapshot(table, as_of=completion_of(table, late)) == after_late
+    new_bases = files_of_instant(data_files(uri), tc) - orphans
+    assert new_bases and len(new_bases) == len({f.split("_")[0] for f in new_bases})  # one per file group
+    run_again_is_noop(table, tc)
+
+    # The cleaner removes the orphans of the killed run and nothing that a read needs.
+    on_disk = data_files(uri)
+    table.clean()
+    assert data_files(uri) & orphans == set(), "the killed run's base files are still on disk"
+    assert data_files(uri) == on_disk - orphans
+    assert snapshot(table) == after_late
+    assert snapshot(table, query_type="read_optimized") == before
+
+
+def run_again_is_noop(table: nbcc.Table, tc: str) -> None:
+    files, timeline = data_files(table.uri), timeline_tuples(table)
+    assert table.run_compaction(tc) is None  # already completed: nothing to do
+    assert data_files(table.uri) == files and timeline_tuples(table) == timeline
+
+
+# -- 2. two processes executing the same plan at once -----------------------------------------
+
+def test_two_processes_running_one_compaction_plan_at_once_cannot_corrupt_the_table(local_table, children):
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    for n in range(3):
+        ref.write(table, KEYS[n::3] + [n, 39 - n], f"c{n}")
+    expected = ref.expected()
+    files_before = data_files(uri)
+    tc = table.schedule_compaction()
+    assert tc is not None and table.pending_compactions() == [tc]
+
+    procs = [children.start(CONCURRENT_COMPACTION, uri, tc, str(me), str(children.work)) for me in (0, 1)]
+    for proc in procs:
+        children.finish(proc)
+    results = [json.loads((children.work / f"result-{me}.json").read_text()) for me in (0, 1)]
+
+    completions = [r["completion"] for r in results if r.get("completion")]
+    assert len(completions) == 1, f"exactly one execution completes the compaction: {results}"
+    for r in results:  # the other one returns None, or fails cleanly naming the completed instant
+        if not r.get("completion"):
+            assert r == {"completion": None} or ("CommitError" in r["error"] and tc in r["error"]), results
+    assert table.pending_compactions() == []
+    entries = [i for i in table.timeline() if i.instant == tc]
+    assert [(i.state, i.completion) for i in entries] == [("completed", completions[0])]
+
+    # Both executions wrote base files (different names); the table reads as one compaction.
+    bases = files_of_instant(data_files(uri), tc)
+    groups = {f.split("_")[0] for f in bases}
+    assert len(bases) == 2 * len(groups), f"each execution writes one base file per file group: {sorted(bases)}"
+    assert snapshot(table) == expected
+    assert snapshot(table, query_type="read_optimized") == expected
+    for slice_ in table.file_slices():
+        assert slice_.base_file is not None and slice_.base_file.endswith(f"_{tc}.parquet") and not slice_.log_files
+    assert snapshot(nbcc.Table.open(uri)) == expected
+
+    # Writing and compacting go on as usual; the loser's files are orphans the cleaner removes.
+    on_disk = data_files(uri)
+    after = ref.write(table, [5, 6, 7], "after")
+    after_files = data_files(uri) - on_disk
+    assert snapshot(table) == ref.expected()
+    table.clean(retain_commits=1)
+    # The window starts at the last commit, after the compaction: the old logs and the losing
+    # execution's base files are gone; one base file per group stays, with the new logs.
+    remaining_bases = files_of_instant(data_files(uri), tc)
+    assert remaining_bases < bases and len(remaining_bases) == len(groups), sorted(remaining_bases)
+    assert data_files(uri) == remaining_bases | after_files
+    assert data_files(uri).isdisjoint(files_before)
+    assert after_files == files_of_instant(after_files, after)
+    assert snapshot(table) == ref.expected()
+    assert table.compact() is not None
+    assert snapshot(table) == ref.expected()
+
+
+# -- 3. lazy rollback of failed writes ---------------------------------------------------------
+
+def test_a_live_writer_is_never_rolled_back_and_a_killed_one_is_once_its_heartbeat_expires(local_table, children):
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    expected = ref.expected()
+    _, pending_rows = ref.batch([0, 1, 2, 3, 100, 101], "never")  # 100, 101: keys no commit has
+
+    proc = children.start(LIVE_WRITER, uri, str(children.work / "writing.json"), json.dumps(pending_rows))
+    info = children.wait_for(children.work / "writing.json", proc)
+    instant = info["instant"]
+    written = files_of_instant(data_files(uri), instant)
+    assert written == set(info["files"]) and len(written) >= 2  # files in both partitions
+
+    # Alive (heartbeat refreshed): not rolled back, though it has been going for longer than the
+    # timeout, by neither the rollback nor the cleaner.
+    alive_until = time.monotonic() + 2.5 * HEARTBEAT_TIMEOUT_S
+    while time.monotonic() < alive_until:
+        assert table.rollback_failed_writes() == []
+        assert table.clean()["rolled_back"] == []
+        time.sleep(0.25)
+    assert proc.poll() is None
+    assert [i.state for i in table.timeline() if i.instant == instant] in (["inflight"], ["requested"])
+    assert files_of_instant(data_files(uri), instant) == written
+    assert snapshot(table) == expected
+
+    # Killed: rolled back once its heartbeat has expired (and not twice).
+    children.kill(proc)
+    deadline = time.monotonic() + WAIT_S
+    rolled: list[str] = []
+    while not rolled:
+        assert time.monotonic() < deadline, "the killed writer was never rolled back"
+        time.sleep(0.2)
+        rolled = table.rollback_failed_writes()
+    assert rolled == [instant]
+    assert files_of_instant(data_files(uri), instant) == set(), "a rolled-back write's files must be deleted"
+    assert [(i.action, i.state, i.completion) for i in table.timeline() if i.instant == instant] == \
+        [("deltacommit", "rolledback", None)]
+    assert snapshot(table) == expected
+
+    files, timeline = data_files(uri), timeline_tuples(table)
+    assert table.rollback_failed_writes() == []
+    assert table.clean()["rolled_back"] == []
+    assert table.rollback(instant) is True  # already rolled back: stays so, nothing else happens
+    assert data_files(uri) == files and timeline_tuples(table) == timeline
+    assert snapshot(nbcc.Table.open(uri)) == expected
+
+    # The table goes on.
+    ref.write(table, [0, 100], "next")
+    assert snapshot(table) == ref.expected()
+
+
+def _open_write(table: nbcc.Table, ref: Ref, keys: list[int], tag: str):
+    data, rows = ref.batch(keys, tag)
+    txn = table.begin_write(data.schema)
+    writer = table.log_writer(txn, "0-0-0")
+    writer.write(prepare(data, table.config, txn.schema, "upsert", txn.instant))
+    return txn, writer.close(), rows
+
+
+def test_an_instant_that_just_completed_is_never_rolled_back(local_table, monkeypatch):
+    """HUDI-5675: re-read the timeline before rolling back; a completed write is not failed."""
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+
+    # Rolling back a completed instant on request: refused.
+    data, rows = ref.batch([1, 2, 50], "done")
+    instant = table.write(data)
+    ref.apply(rows)
+    assert table.rollback(instant) is False
+    assert [i.state for i in table.timeline() if i.instant == instant] == ["completed"]
+    assert snapshot(table) == ref.expected()
+
+    # The race: the cleaner lists the write as failed (no heartbeat for longer than the timeout),
+    # and the write completes right after that listing, before the rollback acts.
+    import nbcc.rollback as rollback
+
+    txn, files, rows = _open_write(table, ref, [3, 4, 51], "racing")
+    time.sleep(0.05)
+    real = rollback.failed_writes
+    seen: list[list[str]] = []
+
+    def listing_then_commit(*args, **kwargs):
+        out = real(*args, **kwargs)
+        seen.append([f.instant for f in out])
+        if len(seen) == 1:
+            txn.commit(files)
+            ref.apply(rows)
+        return out
+
+    monkeypatch.setattr(rollback, "failed_writes", listing_then_commit)
+    assert table.rollback_failed_writes(heartbeat_timeout_s=0.001) == []
+    assert seen[0] == [txn.instant], "the stale listing did see the write as failed"
+    monkeypatch.undo()
+    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["completed"]
+    assert files_of_instant(data_files(uri), txn.instant) == {f"{f['partition']}/{f['name']}" for f in files}
+    assert snapshot(table) == ref.expected()
+    assert table.rollback_failed_writes(heartbeat_timeout_s=0.001) == []
+    assert snapshot(nbcc.Table.open(uri)) == ref.expected()
+
+
+def test_a_slow_writer_rolled_back_after_its_heartbeat_expired_cannot_commit(local_table):
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    expected = ref.expected()
+
+    txn, files, _ = _open_write(table, ref, [0, 1, 2, 60, 61], "slow")  # no heartbeat after begin
+    assert files_of_instant(data_files(uri), txn.instant)
+    deadline = time.monotonic() + WAIT_S
+    rolled: list[str] = []
+    while not rolled:
+        assert time.monotonic() < deadline, "the expired write was never rolled back"
+        time.sleep(0.2)
+        rolled = table.rollback_failed_writes()
+    assert rolled == [txn.instant]
+
+    with pytest.raises(nbcc.CommitError, match="rolled back"):
+        txn.commit(files)
+    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
+    assert files_of_instant(data_files(uri), txn.instant) == set()
+    assert snapshot(table) == expected
+    assert snapshot(nbcc.Table.open(uri)) == expected
+    # Writing the data again works.
+    ref.write(table, [0, 1, 2, 60, 61], "again")
+    assert snapshot(table) == ref.expected()
+
+
+# -- 4. cleaning -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("after_plan", ["upserts", "overwrite"])
+def test_clean_never_deletes_the_inputs_of_a_pending_compaction_plan(local_table, after_plan):
+    """Hudi #19290. With an overwrite after the plan, no read needs the plan's inputs any more;
+    the plan still does."""
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    for n in range(3):
+        ref.write(table, KEYS[n::2], f"c{n}")
+    plan_inputs = data_files(uri)
+    tc = table.schedule_compaction()
+    assert tc is not None
+    if after_plan == "overwrite":
+        ref.rows.clear()
+        data, rows = ref.batch([200, 201, 202, 203], "overwrite")
+        table.write(data, mode="overwrite")
+        ref.apply(rows)
+    for n in range(3):
+        ref.write(table, [200 + n, 7, 8] if after_plan == "overwrite" else KEYS[n::4], f"d{n}")
+    expected = ref.expected()
+
+    table.clean(retain_commits=1)
+    assert plan_inputs <= data_files(uri), f"clean deleted inputs of pending compaction {tc}: " \
+        f"{sorted(plan_inputs - data_files(uri))}"
+    assert table.pending_compactions() == [tc]
+    assert snapshot(table) == expected
+
+    assert table.run_compaction(tc) is not None
+    assert snapshot(table) == expected
+    assert snapshot(nbcc.Table.open(uri)) == expected
+    table.clean(retain_commits=1)
+    assert snapshot(table) == expected
+    assert table.compact() is not None
+    assert snapshot(table) == expected
+
+
+def test_clean_keeps_time_travel_in_the_window_and_refuses_reads_before_it(local_table):
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    states: dict[str, list[dict[str, Any]]] = {}  # completion time -> expected state as of it
+    changed: dict[str, list[int]] = {}  # data commit's completion -> keys it wrote
+    files: dict[str, set[str]] = {}  # step -> data files it created
+    order: list[str] = []  # completion times of data commits, in order
+
+    def commit(name: str, keys: list[int]) -> None:
+        on_disk = data_files(uri)
+        instant = ref.write(table, keys, name)
+        t = completion_of(table, instant)
+        states[t], changed[t] = ref.expected(), keys
+        files[name] = data_files(uri) - on_disk
+        order.append(t)
+
+    def compact(name: str) -> None:
+        on_disk = data_files(uri)
+        tc = table.compact()
+        assert tc is not None
+        states[completion_of(table, tc)] = ref.expected()
+        files[name] = data_files(uri) - on_disk
+
+    commit("c1", KEYS)
+    commit("c2", KEYS[::3])
+    commit("c3", KEYS[1::3])
+    compact("k1")
+    commit("c4", KEYS[2::3])
+    commit("c5", KEYS[::5])
+    compact("k2")
+    commit("c6", KEYS[1::4])
+    commit("c7", [0, 1, 2, 3, 40, 41])
+    times = sorted(states)
+    before = {t: snapshot(table, as_of=t) for t in times}
+    assert before == states  # sanity: time travel works before cleaning
+
+    result = table.clean(retain_commits=3)
+    window = order[-3]  # completion of c5: the oldest of the last 3 data commits
+    assert result["earliest_retained"] == window
+
+    # Superseded slices' files are gone; everything a read in the window needs is kept.
+    kept = files["k1"] | files["c4"] | files["c5"] | files["k2"] | files["c6"] | files["c7"]
+    assert data_files(uri) == kept
+    assert data_files(uri).isdisjoint(files["c1"] | files["c2"] | files["c3"])
+
+    assert snapshot(table) == ref.expected()
+    for t in times:
+        if t >= window:
+            assert snapshot(table, as_of=t) == before[t], f"as_of={t} changed by cleaning"
+        else:
+            with pytest.raises(nbcc.InvalidOptionError, match=window) as err:
+                table.read(as_of=t)
+            assert "as_of" in str(err.value)
+
+    # Incremental: begin before the window is a clear error; inside it works.
+    for begin in (order[2], order[0], "earliest"):
+        with pytest.raises(nbcc.InvalidOptionError, match=window) as err:
+            table.read(query_type="incremental", begin=begin)
+        assert "begin" in str(err.value)
+    c5, c6, c7 = order[-3:]
+    assert snapshot(table, query_type="incremental", begin=c5) == ref.expected(changed[c6] + changed[c7])
+    assert snapshot(table, query_type="incremental", begin=c6) == ref.expected(changed[c7])
+    assert snapshot(table, query_type="incremental", begin=c5, end=c6) == \
+        [r for r in states[c6] if r["id"] in set(changed[c6])]
+
+    # Cleaning again with nothing new changes nothing.
+    table.clean(retain_commits=3)
+    assert data_files(uri) == kept
+    assert {t: snapshot(table, as_of=t) for t in times if t >= window} == \
+        {t: before[t] for t in times if t >= window}
+
+
+# -- 5. archival -------------------------------------------------------------------------------
+
+def test_archival_keeps_timeline_and_reads_and_an_archived_commits_live_log_survives_compaction(
+        local_table, children):
+    """Hudi #14365: the `cold` partition is written once (by c3) and never again, so its log
+    file is still live when c3 is archived; compacting afterwards must keep its rows."""
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    hot = list(range(0, 20))
+    cold = list(range(100, 110))
+
+    def where(k: int) -> str:
+        return "cold" if k >= 100 else "hot"
+
+    states: dict[str, list[dict[str, Any]]] = {}
+    order: list[str] = []
+    changed: dict[str, list[int]] = {}
+
+    def commit(name: str, keys: list[int]) -> None:
+        instant = ref.write(table, keys, name, part=where)
+        t = completion_of(table, instant)
+        states[t], changed[t] = ref.expected(), keys
+        order.append(t)
+
+    commit("c1", hot)
+    commit("c2", hot[::2])
+    tc1 = table.compact()  # hot only: cold has no data yet
+    states[completion_of(table, tc1)] = ref.expected()
+    commit("c3", hot[1::2] + cold)
+    for n in range(4, 13):
+        commit(f"c{n}", hot[n % 5::3])
+    cold_rows = ref.expected(cold)
+    assert all(r["v"].startswith("c3-") for r in cold_rows)
+
+    table.clean(retain_commits=3)
+    window = order[-3]
+    timeline_before = timeline_tuples(table)
+    active_before = active_timeline_files(uri)
+    old = [i for i in timeline_before if (i[3] or i[0]) < window]
+    assert len(old) == 10  # c1..c9 and the compaction commit
+    in_window = sorted(t for t in states if t >= window)
+    reads_before = {t: snapshot(table, as_of=t) for t in in_window}
+    assert reads_before == {t: states[t] for t in in_window}
+
+    result = table.archive(retain_commits=3)
+    assert result["archived"] > 0
+    active_after = active_timeline_files(uri)
+    assert len(active_after) < len(active_before)
+    named = {n.split(".")[0].split("_")[0] for n in active_after}  # the instants the active files are of
+    assert named == {i[0] for i in timeline_before} - {i[0] for i in old}, active_after
+    history = list((Path(uri) / ".nbcc" / "history").glob("*.parquet"))
+    assert len(history) == 1
+
+    # The timeline still lists every instant with its completion time; reads are unchanged.
+    assert timeline_tuples(table) == timeline_before
+    assert snapshot(table) == ref.expected()
+    for t in in_window:
+        assert snapshot(table, as_of=t) == reads_before[t]
+    assert snapshot(table, query_type="incremental", begin=window) == \
+        ref.expected(changed[order[-2]] + changed[order[-1]])
+    # begin in the archived (and cleaned) range: a clear error, or the right answer.
+    begin = order[4]  # c5
+    expected_changes = ref.expected([k for t in order[5:] for k in changed[t]])
+    assert incremental_correct_or_clear_error(table, begin, expected_changes) in ("error", "correct")
+
+    # A fresh process sees the same.
+    view = fresh_view(children, uri, in_window)
+    assert [tuple(i) for i in view["timeline"]] == timeline_before
+    assert view["snapshot"] == ref.expected()
+    assert view["as_of"] == {t: reads_before[t] for t in in_window}
+
+    # Compaction after archival (in a fresh process): the archived c3's cold log is compacted,
+    # not lost.
+    view = fresh_view(children, uri, in_window, compact=True)
+    assert view["compaction"] is not None
+    assert view["snapshot"] == ref.expected()
+    assert snapshot(table) == ref.expected()
+    assert snapshot(table, filter=[("part", "=", "cold")]) == cold_rows
+    assert snapshot(table, query_type="read_optimized") == ref.expected()
+    for t in in_window:
+        assert snapshot(table, as_of=t) == reads_before[t]
+    # ... and its base file holds the cold rows, so cleaning the old log away loses nothing.
+    for n in range(13, 17):
+        commit(f"c{n}", hot[n % 4::4])
+    table.clean(retain_commits=2)
+    table.archive(retain_commits=2)
+    assert snapshot(table) == ref.expected()
+    assert snapshot(table, filter=[("part", "=", "cold")]) == cold_rows
+    assert not [f for f in data_files(uri) if f.startswith("part=cold/") and ".log." in f]
+
+
+def test_archival_without_clean_keeps_every_read_and_incremental_from_archived_range(local_table, children):
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    states: dict[str, list[dict[str, Any]]] = {}
+    order: list[str] = []
+    changed: dict[str, list[int]] = {}
+    for n in range(10):
+        keys = KEYS[n % 4::4] + [50 + n]
+        instant = ref.write(table, keys, f"c{n}")
+        t = completion_of(table, instant)
+        states[t], changed[t] = ref.expected(), keys
+        order.append(t)
+        if n == 4:
+            tc = table.compact()
+            states[completion_of(table, tc)] = ref.expected()
+    timeline_before = timeline_tuples(table)
+    times = sorted(states)
+    active_before = active_timeline_files(uri)
+
+    result = table.archive(retain_commits=3)
+    assert result["archived"] > 0
+    assert len(active_timeline_files(uri)) < len(active_before)
+    assert list((Path(uri) / ".nbcc" / "history").glob("*.parquet"))
+    assert timeline_tuples(table) == timeline_before
+    assert snapshot(table) == ref.expected()
+    for t in times:  # nothing was cleaned: every state is still readable, archived or not
+        assert snapshot(table, as_of=t) == states[t], f"as_of={t}"
+    for i, begin in enumerate(order[:-1]):
+        expected = ref.expected([k for t in order[i + 1:] for k in changed[t]])
+        incremental_correct_or_clear_error(table, begin, expected)
+    assert snapshot(table, query_type="incremental", begin=order[-3]) == \
+        ref.expected(changed[order[-2]] + changed[order[-1]])
+
+    view = fresh_view(children, uri, times, compact=True)
+    assert [tuple(i) for i in view["timeline"]][:len(timeline_before)] == timeline_before
+    assert view["as_of"] == states
+    assert view["snapshot"] == ref.expected()
+    assert snapshot(table) == ref.expected()
+
+
+# -- 6. crashes of the archiver and the cleaner ------------------------------------------------
+
+@pytest.mark.parametrize("deletes_before_kill", [0, 5])
+def test_archive_killed_after_writing_history_leaves_reads_unchanged(local_table, children, deletes_before_kill):
+    """The history file is written, then the active files are removed: killed in between, an
+    instant is in both places (or some are in one, some in both); readers see each once."""
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    states: dict[str, list[dict[str, Any]]] = {}
+    order: list[str] = []
+    changed: dict[str, list[int]] = {}
+    for n in range(8):
+        keys = KEYS[n % 3::3]
+        instant = ref.write(table, keys, f"c{n}")
+        t = completion_of(table, instant)
+        states[t], changed[t] = ref.expected(), keys
+        order.append(t)
+        if n == 3:
+            states[completion_of(table, table.compact())] = ref.expected()
+    timeline_before = timeline_tuples(table)
+    times = sorted(states)
+    active_before = active_timeline_files(uri)
+
+    proc = children.start(KILLED_SERVICE, uri, str(children.work / "stalled.json"), "archive", "3",
+                          str(deletes_before_kill))
+    children.wait_for(children.work / "stalled.json", proc)
+    children.kill(proc)
+    assert list((Path(uri) / ".nbcc" / "history").glob("*.parquet")), "the history file was written first"
+
+    def check_reads(t: nbcc.Table) -> None:
+        assert timeline_tuples(t) == timeline_before
+        assert snapshot(t) == ref.expected()
+        for when in times:
+            assert snapshot(t, as_of=when) == states[when], f"as_of={when}"
+        assert snapshot(t, query_type="incremental", begin=order[-3]) == \
+            ref.expected(changed[order[-2]] + changed[order[-1]])
+
+    check_reads(table)
+    check_reads(nbcc.Table.open(uri))
+    view = fresh_view(children, uri, times)
+    assert [tuple(i) for i in view["timeline"]] == timeline_before
+    assert view["as_of"] == states
+
+    # Archiving again finishes the job; reads stay the same; compaction still works.
+    table.archive(retain_commits=3)
+    assert len(active_timeline_files(uri)) < len(active_before)
+    check_reads(table)
+    view = fresh_view(children, uri, times, compact=True)
+    assert view["compaction"] is not None
+    assert view["as_of"] == states and view["snapshot"] == ref.expected()
+
+
+def test_clean_killed_part_way_is_finished_by_the_next_clean(local_table, children):
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    files: dict[str, set[str]] = {}
+    states: dict[str, list[dict[str, Any]]] = {}
+    order: list[str] = []
+
+    def commit(name: str, keys: list[int]) -> None:
+        on_disk = data_files(uri)
+        instant = ref.write(table, keys, name)
+        t = completion_of(table, instant)
+        states[t] = ref.expected()
+        order.append(t)
+        files[name] = data_files(uri) - on_disk
+
+    commit("c1", KEYS)
+    commit("c2", KEYS[::2])
+    on_disk = data_files(uri)
+    tc = table.compact()
+    files["k1"] = data_files(uri) - on_disk
+    states[completion_of(table, tc)] = ref.expected()
+    commit("c3", KEYS[1::2])
+    commit("c4", KEYS[::3])
+    commit("c5", KEYS[1::3])
+    times = sorted(states)
+    window = order[-2]  # clean(retain_commits=2): the window starts at c4's completion
+    garbage = files["c1"] | files["c2"]
+    assert len(garbage) >= 2
+
+    proc = children.start(KILLED_SERVICE, uri, str(children.work / "stalled.json"), "clean", "2", "1")
+    children.wait_for(children.work / "stalled.json", proc)
+    children.kill(proc)
+    gone = garbage - data_files(uri)
+    assert len(gone) == 1, "the clean was killed after deleting one file"
+
+    # The clean's plan is published before anything is deleted: reads in the window work, reads
+    # before it are a clear error (never a read that finds files missing).
+    assert snapshot(table) == ref.expected()
+    for t in times:
+        if t >= window:
+            assert snapshot(table, as_of=t) == states[t]
+        else:
+            with pytest.raises(nbcc.InvalidOptionError, match=window):
+                table.read(as_of=t)
+    # Writers are not blocked.
+    commit("c6", [0, 1, 2])
+
+    # The next clean finishes the job.
+    table.clean(retain_commits=3)  # same window: c4, c5, c6
+    assert data_files(uri).isdisjoint(garbage)
+    expected_files = files["k1"] | files["c3"] | files["c4"] | files["c5"] | files["c6"]
+    assert data_files(uri) == expected_files
+    assert snapshot(table) == ref.expected()
+    for t in sorted(states):
+        if t >= window:
+            assert snapshot(table, as_of=t) == states[t]
+    # ... and the killed clean does not hold archival back for ever: later, every completed
+    # instant older than the window leaves the active timeline.
+    for n in range(7, 12):
+        commit(f"c{n}", KEYS[n % 5::5])
+    table.clean(retain_commits=2)
+    window = order[-2]
+    table.archive(retain_commits=2)
+    active = active_timeline_files(uri)
+    left = [i.instant for i in table.timeline() if i.completion and i.completion < window
+            and any(n.startswith(f"{i.instant}_") for n in active)]
+    assert left == [], f"completed instants before the window still on the active timeline: {left}"
+    assert snapshot(table) == ref.expected()
+    for t in sorted(states):
+        if t >= window:
+            assert snapshot(table, as_of=t) == states[t]
+    # No clean is left pending on the timeline.
+    assert [i for i in table.timeline() if i.action == "clean" and i.state != "completed"] == []
