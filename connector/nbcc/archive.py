@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import uuid
 from typing import Any
 
 import pyarrow as pa
@@ -20,6 +21,7 @@ import pyarrow.parquet as pq
 
 from .clean import DEFAULT_RETAIN_COMMITS, earliest_retained
 from .errors import InvalidOptionError
+from .errors import StorageError
 from .storage import Storage
 from .timeline import (
     COMPACTION,
@@ -33,6 +35,8 @@ from .timeline import (
     TIMELINE_DIR,
     Timeline,
     read_commit_metadata,
+    load_history,
+    read_compaction_plan,
 )
 
 
@@ -63,22 +67,33 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
             meta = read_commit_metadata(storage, inst)
         else:
             meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.file_name}"))
+        plan = None
+        if inst.action == COMPACTION_COMMIT:  # kept: time travel may slice as of its pending time
+            plan = json.dumps(read_compaction_plan(storage, inst.instant), sort_keys=True)
         rows.append({"instant": inst.instant, "action": inst.action, "state": inst.state,
-                     "completion": inst.completion, "metadata": json.dumps(meta, sort_keys=True)})
+                     "completion": inst.completion, "metadata": json.dumps(meta, sort_keys=True), "plan": plan})
     if not rows:
+        _finish(storage)
         return {"archived": 0, "file": None}
     table = pa.Table.from_pylist(rows, schema=pa.schema([
         ("instant", pa.string()), ("action", pa.string()), ("state", pa.string()),
-        ("completion", pa.string()), ("metadata", pa.string())]))
+        ("completion", pa.string()), ("metadata", pa.string()), ("plan", pa.string())]))
     sink = io.BytesIO()
     pq.write_table(table, sink, compression="zstd")
-    name = f"{rows[0]['instant']}_{rows[-1]['instant']}.parquet"
-    storage.put_if_absent(f"{HISTORY_DIR}/{name}", sink.getvalue())
-    for r in rows:
-        instant, action = r["instant"], r["action"]
-        if r["state"] == COMPLETED:
-            storage.delete(f"{TIMELINE_DIR}/{instant}_{r['completion']}.{action}")
-        pending_action = COMPACTION if action == COMPACTION_COMMIT else action
-        for state in (ROLLEDBACK, INFLIGHT, REQUESTED):
-            storage.delete(f"{TIMELINE_DIR}/{instant}.{pending_action}.{state}")
+    # A unique name: two archivers never overwrite or shadow each other's history.
+    name = f"{rows[0]['instant']}_{rows[-1]['instant']}_{uuid.uuid4().hex[:8]}.parquet"
+    if not storage.put_if_absent(f"{HISTORY_DIR}/{name}", sink.getvalue()):
+        raise StorageError(f"history file {name} exists already")
+    _finish(storage)
     return {"archived": len(rows), "file": name}
+
+
+def _finish(storage: Storage) -> None:
+    """Remove the active files of every instant the history holds (also finishing an archival
+    that crashed after writing its history file): pending files first, then the completed file
+    or rollback mark, so an instant never looks less than it is while its files go."""
+    archived = {i.instant for i in load_history(storage)}
+    names = [n for n in storage.list_names(TIMELINE_DIR) if n[:17] in archived]
+    rank = {REQUESTED: 0, INFLIGHT: 0}
+    for name in sorted(names, key=lambda n: rank.get(n.rsplit(".", 1)[-1], 1)):
+        storage.delete(f"{TIMELINE_DIR}/{name}")

@@ -58,8 +58,8 @@ def needed_files(storage: Storage, config: TableConfig, timeline: Timeline, sinc
             for read_optimized in (False, True):
                 for name in _task_files(slices, read_optimized, view.pending_compactions) or ():
                     needed.add((partition, name))
-    for inst in timeline.instants:  # inputs of pending compactions (Hudi #19290)
-        if inst.action == "compaction" and not inst.is_completed:
+    for inst in timeline.pending():  # inputs of pending compactions (Hudi #19290)
+        if inst.action == "compaction":
             for op in read_compaction_plan(storage, inst.instant)["operations"]:
                 for name in ([op["base_file"]] if op["base_file"] else []) + op["log_files"]:
                     needed.add((op["partition"], name))
@@ -116,10 +116,25 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         if progress is not None:
             progress(n, len(plan.delete))
     result.update(instant=instant, deleted=[list(d) for d in plan.delete])
-    with clock.locked() as grant:
-        create_completed(storage, instant, grant.time, CLEAN, result)
+    try:
+        with clock.locked() as grant:
+            grant.check()
+            create_completed(storage, instant, grant.time, CLEAN, result)
+    except CommitError:
+        if not Timeline.load(storage).get(instant).is_completed:
+            raise  # otherwise another cleaner finished this clean for us: its work is done
     storage.delete(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}")
+    _remove_stale_heartbeats(storage)
     return result
+
+
+def _remove_stale_heartbeats(storage: Storage) -> None:
+    from .heartbeat import HEARTBEAT_DIR
+
+    pending = {i.instant for i in Timeline.load(storage).pending()}
+    for name in storage.list_names(HEARTBEAT_DIR):
+        if name.endswith(".json") and name[:-5] not in pending:
+            storage.delete(f"{HEARTBEAT_DIR}/{name}")
 
 
 def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
@@ -137,13 +152,14 @@ def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
                   "deleted": body["delete"], "rolled_back": [], "files": []}
         try:
             with clock.locked() as grant:
+                grant.check()
                 create_completed(storage, inst.instant, grant.time, CLEAN, result)
         except CommitError:
             pass  # another cleaner finished it
         storage.delete(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}")
 
 
-def earliest_retained(storage: Storage, timeline: Timeline) -> str | None:
+def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
     """The start of the retained window: the greatest E of every clean, pending ones included
     (a pending clean may already be deleting)."""
     from .timeline import read_commit_metadata
@@ -158,8 +174,10 @@ def earliest_retained(storage: Storage, timeline: Timeline) -> str | None:
             try:
                 since = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))[
                     "earliest_retained"]
-            except FileNotFoundError:
-                continue
+            except FileNotFoundError:  # it completed meanwhile: look again
+                if _attempts > 0:
+                    return earliest_retained(storage, Timeline.load(storage), _attempts - 1)
+                raise
         if since and (best is None or since > best):
             best = since
     return best

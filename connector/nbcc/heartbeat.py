@@ -75,3 +75,4 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        remove(self.storage, self.instant)  # completed or failed: the beat is over either way

@@ -38,9 +38,15 @@ def partition_folders(storage: Storage, depth: int) -> list[str]:
 
 
 def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, partition_depth: int,
-                     files: Iterable[dict[str, Any]] = (), reason: str = "") -> bool:
-    """Roll back write `instant` unless it completed. True if it is (now) rolled back."""
+                     files: Iterable[dict[str, Any]] = (), reason: str = "",
+                     idle_for_s: float | None = None) -> bool:
+    """Roll back write `instant` unless it completed (or, with `idle_for_s`, unless its heartbeat
+    is fresher than that when re-read under the lock). True if it is (now) rolled back."""
     with clock.locked() as grant:
+        if idle_for_s is not None:
+            last = max(last_beat_ms(storage, instant) or 0, parse_time(instant))
+            if time.time_ns() // 1_000_000 - last <= idle_for_s * 1000:
+                return False  # it beat again since it was found idle: alive
         inst = Timeline.load(storage).get(instant)
         if inst is not None and inst.action not in DATA_ACTIONS:
             raise InvalidOptionError(
@@ -98,6 +104,6 @@ def rollback_failed_writes(storage: Storage, clock: TimeGenerator, partition_dep
     done = []
     for failed in failed_writes(storage, timeout_s):
         reason = f"heartbeat expired ({failed.idle_s:.0f} s without one, timeout {timeout_s:.0f} s)"
-        if rollback_instant(storage, clock, failed.instant, partition_depth, reason=reason):
+        if rollback_instant(storage, clock, failed.instant, partition_depth, reason=reason, idle_for_s=timeout_s):
             done.append(failed.instant)
     return done

@@ -160,12 +160,11 @@ class Table:
             check_first = lambda table_schema: check_values(whole, self.config, table_schema, operation)  # noqa: E731
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite", check_first=check_first)
         writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
-        with Heartbeat(self.storage, txn.instant, self.heartbeat_interval_s):
+        with Heartbeat(self.storage, txn.instant, self.heartbeat_interval_s):  # alive until committed
             for batch in batches:
                 if batch.num_rows:
                     writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
-            files = writer.close()
-        txn.commit(files)
+            txn.commit(writer.close())
         maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline)
         return txn.instant
 

@@ -84,10 +84,11 @@ class Timeline:
     @classmethod
     def load(cls, storage: Storage) -> "Timeline":
         """The active timeline (one listing) plus the archived instants of `.nbcc/history/`."""
+        # Active first, then history: archival writes history before deleting active files, so
+        # an instant missing from this listing is in the history listed after it. The two are
+        # merged by highest state (history first, so it wins ties: its copy cannot vanish).
         parsed = [i for i in (parse_instant_file(n) for n in storage.list_names(TIMELINE_DIR)) if i is not None]
-        active = {i.instant for i in parsed}
-        archived = [i for i in load_history(storage) if i.instant not in active]
-        return cls(archived + parsed)
+        return cls(load_history(storage) + parsed)
 
     def completed(self) -> list[Instant]:
         """Completed instants in completion order (the order commits became visible)."""
@@ -130,7 +131,13 @@ def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
         if hit is not None:
             _CACHE.move_to_end(key)
             return hit
-    meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant.file_name}"))
+    try:
+        meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant.file_name}"))
+    except FileNotFoundError:
+        load_history(storage)  # archived since it was listed
+        if (storage.uri, instant.instant) in _HISTORY_METADATA:
+            return _HISTORY_METADATA[(storage.uri, instant.instant)]
+        raise
     with _CACHE_LOCK:
         _CACHE[key] = meta
         if len(_CACHE) > _CACHE_SIZE:
@@ -161,7 +168,8 @@ def create_completed(storage: Storage, instant: str, completion: str, action: st
     The completed file's name holds the completion time, so put-if-absent alone cannot stop a
     retried commit from completing the instant twice; under the lock, looking first is safe. The
     same look refuses an instant that was rolled back (rollback marks it under the same lock)."""
-    for name in storage.list_names(TIMELINE_DIR, prefix=instant):
+    names = storage.list_names(TIMELINE_DIR, prefix=instant)
+    for name in names:
         if name.startswith(f"{instant}_"):
             raise CommitError(f"instant {instant} is already completed ({name})")
         if name.endswith(f".{ROLLEDBACK}"):
@@ -169,6 +177,11 @@ def create_completed(storage: Storage, instant: str, completion: str, action: st
                 f"instant {instant} was rolled back (its heartbeat expired, or its job aborted); "
                 "its files are gone: write the data again"
             )
+    # Its own pending file must still be there: one rolled back and then archived has lost its
+    # mark, but never gets its pending files back.
+    pending_action = COMPACTION if action == COMPACTION_COMMIT else action
+    if not any(n.startswith(f"{instant}.{pending_action}.") for n in names):
+        raise CommitError(f"instant {instant} is not pending on the timeline (rolled back and archived?)")
     name = f"{instant}_{completion}.{action}"
     if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata)):
         raise CommitError(f"instant {instant} is already completed")
@@ -181,13 +194,20 @@ def remove_pending_files(storage: Storage, instant: str, action: str) -> None:
 
 
 def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
-    """The plan of compaction `instant` (immutable once written, so cached)."""
+    """The plan of compaction `instant` (immutable once written, so cached; archived plans are
+    kept in the history files)."""
     key = (storage.uri, f"{instant}.{COMPACTION}.{REQUESTED}")
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    plan = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant}.{COMPACTION}.{REQUESTED}"))
+    try:
+        plan = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant}.{COMPACTION}.{REQUESTED}"))
+    except FileNotFoundError:
+        load_history(storage)
+        if (storage.uri, instant) not in _HISTORY_PLANS:
+            raise
+        plan = _HISTORY_PLANS[(storage.uri, instant)]
     with _CACHE_LOCK:
         _CACHE[key] = plan
     return plan
@@ -198,6 +218,7 @@ def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
 HISTORY_DIR = ".nbcc/history"
 _HISTORY_FILES: dict[tuple[str, str], list[Instant]] = {}
 _HISTORY_METADATA: dict[tuple[str, str], dict[str, Any]] = {}
+_HISTORY_PLANS: dict[tuple[str, str], dict[str, Any]] = {}
 
 
 def load_history(storage: Storage) -> list[Instant]:
@@ -219,6 +240,8 @@ def load_history(storage: Storage) -> list[Instant]:
                 cached.append(Instant(r["instant"], r["action"], r["state"], r["completion"], archived=True))
                 if r["state"] == COMPLETED:
                     _HISTORY_METADATA[(storage.uri, r["instant"])] = json.loads(r["metadata"])
+                if r.get("plan"):
+                    _HISTORY_PLANS[(storage.uri, r["instant"])] = json.loads(r["plan"])
             with _CACHE_LOCK:
                 _HISTORY_FILES[key] = cached
         out.extend(cached)
