@@ -72,6 +72,10 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int = DEFA
     data_commits = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
     view = table_view(storage, config, timeline, None)
     listed = {(f["partition"], f["name"]) for m in view.metas.values() for f in m.get("files", [])}
+    # Files that earlier cleans deleted are gone already: do not delete or record them again.
+    gone = {tuple(d) for i in timeline.completed() if i.action == CLEAN
+            for d in view.metas[i.instant].get("deleted", [])}
+    listed -= gone
     since = None
     doomed: set[tuple[str, str]] = set()
     if len(data_commits) > retain_commits:
@@ -105,8 +109,8 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     plan = plan_clean(storage, config, retain_commits)
     result: dict[str, Any] = {"action": CLEAN, "earliest_retained": plan.earliest_retained,
                               "deleted": [], "rolled_back": rolled_back, "files": []}
-    if plan.earliest_retained is None and not plan.delete:
-        return result
+    if not plan.delete and plan.earliest_retained in (None, earliest_retained(storage, Timeline.load(storage))):
+        return result  # nothing new: no clean instant
     instant = clock.new_instant()
     body = {"instant": instant, "earliest_retained": plan.earliest_retained,
             "delete": [list(d) for d in plan.delete]}

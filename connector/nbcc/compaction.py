@@ -18,6 +18,7 @@ import os
 import random
 from typing import Any, Callable
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .clock import TimeGenerator
@@ -27,7 +28,7 @@ from .filenames import base_file_name, make_token
 from .reader import read_files
 from .scan import slices_by_group, table_view
 from .expr import supported_type
-from .schema import file_schema, schema_from_json, schema_to_json
+from .schema import IS_DELETED_COL, RECORD_KEY_COL, file_schema, schema_from_json, schema_to_json
 from .storage import Storage
 from .timeline import (
     COMPACTION,
@@ -90,8 +91,11 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
             os.fsync(sink.fileno())
     stats: dict[str, Any] = {}
     update_stats(stats, merged, [f.name for f in schema if supported_type(f.type)])
+    # One live row per key and no deletes: a reader of this file alone needs no merge.
+    live = (not pc.any(merged.column(IS_DELETED_COL)).as_py()
+            and pc.count_distinct(merged.column(RECORD_KEY_COL)).as_py() == merged.num_rows)
     return {"partition": operation["partition"], "file_group": operation["file_group"], "name": name,
-            "rows": merged.num_rows, "bytes": size, "stats": stats}
+            "rows": merged.num_rows, "bytes": size, "stats": stats, "live": bool(live)}
 
 
 def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: list[dict[str, Any]]) -> str:

@@ -47,14 +47,19 @@ def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
-               files: Sequence[str], include_meta: bool = False, compact: bool = False) -> pa.Table:
+               files: Sequence[str], include_meta: bool = False, compact: bool = False,
+               merged_already: bool = False) -> pa.Table:
     """The merged, live records of `files` (one file group's files, in log order), in `schema`
-    plus the meta columns if asked; with `compact`, what a base file keeps (merge.py)."""
+    plus the meta columns if asked; with `compact`, what a base file keeps (merge.py).
+    `merged_already`: the files hold one live row per key (a base file marked live)."""
     fschema = file_schema(schema)
     arrow_fs = storage.arrow_filesystem()
     parts = [_aligned(_read_parquet(storage, arrow_fs, partition, n), fschema) for n in files]
     rows = pa.concat_tables(parts) if parts else fschema.empty_table()
-    merged = merge_records(rows, config.record_key, config.ordering_field, config.merge_mode, compact)
+    if merged_already:
+        merged = rows
+    else:
+        merged = merge_records(rows, config.record_key, config.ordering_field, config.merge_mode, compact)
     if compact:
         return merged
     out_fields = list(schema) + (META_FIELDS if include_meta else [])

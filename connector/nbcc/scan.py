@@ -202,6 +202,7 @@ class ScanTask:
     begin_files: tuple[str, ...] = ()  # cdc: what to merge for the state as of begin
     range_files: tuple[str, ...] = ()  # incremental: log files of the commits in the range
     reset: bool = False  # an overwrite in the range: every key of the earlier state changed
+    merged_already: bool = False  # `files` is one base file with one live row per key
 
 
 @dataclass
@@ -325,7 +326,8 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     for (partition, fg), slices in slices_by_group(storage, view).items():
         files = _task_files(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
         if files and _keep(config, view.schema, options.predicates, partition, fg, files, info, commit_columns, allowed):
-            plan.tasks.append(ScanTask(partition, fg, files))
+            single_live = len(files) == 1 and bool(info.get((partition, files[0]), {}).get("live"))
+            plan.tasks.append(ScanTask(partition, fg, files, merged_already=single_live))
     return plan
 
 
@@ -424,7 +426,8 @@ def read_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     config, options = plan.config, plan.options
     if options.is_cdc:
         return _read_cdc(storage, plan, task)
-    merged = _merged(storage, config, plan.schema, task.partition, task.files)
+    merged = read_files(storage, config, plan.schema, task.partition, list(task.files), include_meta=True,
+                        merged_already=task.merged_already)
     if options.query_type == INCREMENTAL:
         merged = merged.filter(pc.is_in(merged.column(RECORD_KEY_COL), value_set=_touched_keys(storage, plan, task)))
     if options.include_meta_columns:
