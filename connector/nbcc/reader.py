@@ -54,7 +54,13 @@ def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
     `merged_already`: the files hold one live row per key (a base file marked live)."""
     fschema = file_schema(schema)
     arrow_fs = storage.arrow_filesystem()
-    parts = [_aligned(_read_parquet(storage, arrow_fs, partition, n), fschema) for n in files]
+    if merged_already and not include_meta:
+        # Nothing to merge and no meta columns asked for: do not even read them.
+        fschema = pa.schema([f.with_nullable(True) for f in schema])
+    wanted = [n for n in fschema.names]
+    parts = [_aligned(_read_parquet(storage, arrow_fs, partition, n, columns=None if not merged_already
+                                    else _present(storage, arrow_fs, partition, n, wanted)), fschema)
+             for n in files]
     rows = pa.concat_tables(parts) if parts else fschema.empty_table()
     if merged_already:
         merged = rows
@@ -64,6 +70,16 @@ def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
         return merged
     out_fields = list(schema) + (META_FIELDS if include_meta else [])
     return merged.select([f.name for f in out_fields]).cast(pa.schema(out_fields))
+
+
+def _present(storage: Storage, arrow_fs: Any, partition: str, name: str, wanted: Sequence[str]) -> list[str]:
+    """The wanted columns that file `name` has (a column added later is absent from older files)."""
+    rel = f"{partition}/{name}" if partition else name
+    try:
+        names = set(pq.read_schema(storage.full_path(rel), filesystem=arrow_fs).names)
+    except Exception:  # noqa: BLE001 - reading the file reports the error with its name
+        return list(wanted)
+    return [c for c in wanted if c in names]
 
 
 def read_columns(storage: Storage, partition: str, files: Sequence[str], columns: Sequence[str]) -> pa.Table:

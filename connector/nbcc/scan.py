@@ -426,7 +426,9 @@ def read_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     config, options = plan.config, plan.options
     if options.is_cdc:
         return _read_cdc(storage, plan, task)
-    merged = read_files(storage, config, plan.schema, task.partition, list(task.files), include_meta=True,
+    merged = read_files(storage, config, plan.schema, task.partition, list(task.files),
+                        include_meta=not task.merged_already or options.include_meta_columns
+                        or options.query_type == INCREMENTAL,
                         merged_already=task.merged_already)
     if options.query_type == INCREMENTAL:
         merged = merged.filter(pc.is_in(merged.column(RECORD_KEY_COL), value_set=_touched_keys(storage, plan, task)))

@@ -228,6 +228,9 @@ class NbccCommitMessage(WriterCommitMessage):
     partitions: list[str] = field(default_factory=list)
 
 
+COALESCE_ROWS = 128 * 1024
+
+
 class NbccWriter(DataSourceArrowWriter):
     def __init__(self, storage: Storage, config: TableConfig, txn: WriteTransaction,
                  max_log_file_bytes: int | None, compaction_trigger: tuple[int | None, bool] = (None, False)):
@@ -245,11 +248,25 @@ class NbccWriter(DataSourceArrowWriter):
         interval = max(0.2, self.config.heartbeat_timeout_s / 6)
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
                            self.max_log_file_bytes, on_progress=Throttled(self.storage, self.txn.instant, interval))
+        # Spark hands over small batches (spark.sql.execution.arrow.maxRecordsPerBatch, 10k rows by
+        # default); checking, hashing and splitting them in bigger pieces costs far less per row.
+        pending: list[pa.RecordBatch] = []
+        rows = 0
         for batch in iterator:
             if batch.num_rows:
-                writer.write(prepare(batch, self.config, self.txn.schema, self.txn.operation, self.txn.instant))
+                pending.append(batch)
+                rows += batch.num_rows
+            if rows >= COALESCE_ROWS:
+                self._write(writer, pending)
+                pending, rows = [], 0
+        self._write(writer, pending)
         files = writer.close()
         return NbccCommitMessage(files=files, partitions=sorted({f["partition"] for f in files}))
+
+    def _write(self, writer: LogWriter, batches: list[pa.RecordBatch]) -> None:
+        if batches:
+            rows = pa.Table.from_batches(batches)
+            writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation, self.txn.instant))
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         self.txn.commit([f for m in messages if m is not None for f in m.files])

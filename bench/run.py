@@ -1,0 +1,346 @@
+"""nbcc benchmarks: measured side by side with Spark's Parquet source, delta-rs and the hardware.
+
+    python bench/run.py [--rows 2000000] [--repeats 3] [--only 1,2,...] [--commits 2000]
+                        [--slice-rows 10000000]
+
+Writes bench/results.json and bench/results.md. Each figure is the median of `--repeats` runs after
+a warm-up; each comparison is a ratio measured in the same run (this machine's speed drifts, so
+absolute times from different runs do not compare). Scenarios (see README / issue 5):
+ 1 bulk write through Spark            vs df.write.parquet
+ 2 upsert 10% (half updates, half new) : Spark, Python API, deltalake merge
+ 3 snapshot read after compaction      vs spark.read.parquet of the same rows
+ 4 snapshot read, 5 uncompacted 10% upserts (merge on read) vs parquet of the final rows
+ 5 incremental read of the last commit vs a full snapshot read
+ 6 point lookup with pushdown          vs a full scan
+ 7 4 concurrent writers                : nbcc commits/retries vs deltalake concurrent merges
+ 8 planning a read of a table with N commits (after archival), in a fresh process
+ 9 peak memory of one process merging one large file slice
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import nbcc
+
+HERE = Path(__file__).resolve().parent
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None) -> float:
+    """Median wall time of `fn` over `repeats` runs after one warm-up (setup is not timed)."""
+    times = []
+    for i in range(repeats + 1):
+        if setup is not None:
+            setup()
+        start = time.perf_counter()
+        fn()
+        if i:  # the first run warms caches and the JVM
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def make_rows(n: int, start: int = 0, seed: int = 0, ts: int = 1) -> pa.Table:
+    """The benchmark's rows: long key, string, long ordering field, double, timestamp."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(start, start + n, dtype=np.int64)
+    return pa.table({
+        "id": ids,
+        "name": pa.array(np.char.add("name-", (ids % 100_000).astype(str))),
+        "ts": np.full(n, ts, dtype=np.int64),
+        "amount": rng.random(n) * 1000,
+        "created": pa.array((1_700_000_000_000_000 + ids * 1000).astype("datetime64[us]")).cast(pa.timestamp("us", tz="UTC")),
+    })
+
+
+def upsert_batch(n: int, frac: float, seed: int, ts: int) -> pa.Table:
+    """`frac * n` rows: half updates of random existing keys, half new keys."""
+    rng = np.random.default_rng(seed)
+    k = int(n * frac)
+    updates = rng.choice(n, size=k // 2, replace=False)
+    inserts = np.arange(n + seed * k, n + seed * k + (k - k // 2))
+    ids = np.concatenate([updates, inserts]).astype(np.int64)
+    t = make_rows(len(ids), seed=seed, ts=ts)
+    return t.set_column(0, "id", pa.array(ids)).set_column(1, "name", pa.array(np.char.add("upd-", ids.astype(str))))
+
+
+def spark_session():
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2]").appName("nbcc-bench")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "6g")
+             .config("spark.sql.python.filterPushdown.enabled", "true")
+             .config("spark.sql.shuffle.partitions", "4").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def consume(df) -> None:
+    """Read every row of `df` without collecting it to the driver."""
+    df.write.format("noop").mode("overwrite").save()
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.n = args.rows
+        self.repeats = args.repeats
+        self.work = Path(tempfile.mkdtemp(prefix="nbcc-bench-"))
+        self.results: dict[str, Any] = {"rows": self.n, "repeats": self.repeats, "scenarios": {}}
+        self._spark = None
+
+    @property
+    def spark(self):
+        if self._spark is None:
+            self._spark = spark_session()
+        return self._spark
+
+    def record(self, key: str, title: str, figures: dict[str, Any], target: str, met: bool | None, note: str = ""):
+        self.results["scenarios"][key] = {"title": title, "figures": figures, "target": target, "met": met,
+                                          "note": note}
+        status = "n/a" if met is None else ("MET" if met else "MISSED")
+        print(f"[{key}] {title}: {json.dumps(figures)} target {target}: {status}", flush=True)
+
+    def base_table(self) -> str:
+        """A compacted nbcc table of the base rows (built once) and its Parquet twin."""
+        path = self.work / "base"
+        if not path.exists():
+            rows = make_rows(self.n)
+            t = nbcc.Table.create(str(path), rows.schema, "id", ordering_field="ts", buckets=16)
+            t.write(rows)
+            t.compact()
+            pq.write_table(rows, self.work / "base.parquet")
+        return str(path)
+
+    def fresh_copy(self, name: str) -> str:
+        dst = self.work / name
+        shutil.rmtree(dst, ignore_errors=True)
+        shutil.copytree(self.base_table(), dst)
+        return str(dst)
+
+    # -- scenarios -----------------------------------------------------------------------------
+
+    def s1_bulk_write(self):
+        spark = self.spark
+        src = self.work / "input.parquet"
+        pq.write_table(make_rows(self.n), src)
+        df = spark.read.parquet(str(src)).cache()
+        df.count()
+        out = self.work / "s1"
+
+        def clear():
+            shutil.rmtree(out, ignore_errors=True)
+
+        nbcc_s = median_time(lambda: df.write.format("nbcc").mode("append").option("record_key", "id")
+                             .option("ordering_field", "ts").save(str(out / "nbcc")), self.repeats, clear)
+        pq_s = median_time(lambda: df.write.mode("overwrite").parquet(str(out / "pq")), self.repeats, clear)
+        df.unpersist()
+        ratio = nbcc_s / pq_s
+        self.record("1", "bulk write through Spark", {"nbcc_s": round(nbcc_s, 3), "parquet_s": round(pq_s, 3),
+                                                      "ratio": round(ratio, 2)}, "<= 1.3x", ratio <= 1.3)
+
+    def s2_upsert(self):
+        import deltalake
+
+        spark = self.spark
+        batch = upsert_batch(self.n, 0.10, seed=1, ts=2)
+        batch_path = self.work / "upsert.parquet"
+        pq.write_table(batch, batch_path)
+        sdf = spark.read.parquet(str(batch_path)).cache()
+        sdf.count()
+        state: dict[str, Any] = {}
+
+        def prep_nbcc():
+            state["uri"] = self.fresh_copy("s2")
+
+        spark_s = median_time(lambda: sdf.write.format("nbcc").mode("append").save(state["uri"]), self.repeats, prep_nbcc)
+        py_s = median_time(lambda: nbcc.Table.open(state["uri"]).write(batch), self.repeats, prep_nbcc)
+        delta_base = self.work / "delta-base"
+        if not delta_base.exists():
+            deltalake.write_deltalake(str(delta_base), make_rows(self.n))
+
+        def prep_delta():
+            dst = self.work / "s2-delta"
+            shutil.rmtree(dst, ignore_errors=True)
+            shutil.copytree(delta_base, dst)
+            state["delta"] = str(dst)
+
+        def delta_merge():
+            dt = deltalake.DeltaTable(state["delta"])
+            (dt.merge(batch, predicate="t.id = s.id", source_alias="s", target_alias="t")
+               .when_matched_update_all().when_not_matched_insert_all().execute())
+
+        delta_s = median_time(delta_merge, self.repeats, prep_delta)
+        sdf.unpersist()
+        met = py_s < delta_s and spark_s <= 2 * delta_s
+        self.record("2", "upsert 10% of keys (half updates, half inserts)",
+                    {"nbcc_spark_s": round(spark_s, 3), "nbcc_python_s": round(py_s, 3), "deltalake_merge_s": round(delta_s, 3),
+                     "python_vs_delta": round(py_s / delta_s, 2), "spark_vs_delta": round(spark_s / delta_s, 2)},
+                    "Python API < deltalake; Spark <= 2x deltalake", met)
+
+    def s3_read_compacted(self):
+        spark = self.spark
+        uri = self.base_table()
+        nb = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
+        pqs = median_time(lambda: consume(spark.read.parquet(str(self.work / "base.parquet"))), self.repeats)
+        ratio = nb / pqs
+        self.record("3", "snapshot read after compaction", {"nbcc_s": round(nb, 3), "parquet_s": round(pqs, 3),
+                                                            "ratio": round(ratio, 2)}, "<= 1.2x", ratio <= 1.2)
+
+    def mor_table(self) -> str:
+        """The base table plus 5 uncompacted upserts of 10% (built once) and the final rows."""
+        path = self.work / "mor"
+        if not path.exists():
+            shutil.copytree(self.base_table(), path)
+            t = nbcc.Table.open(str(path))
+            for i in range(5):
+                t.write(upsert_batch(self.n, 0.10, seed=10 + i, ts=10 + i))
+            pq.write_table(t.read(), self.work / "mor-final.parquet")
+        return str(path)
+
+    def s4_read_mor(self):
+        spark = self.spark
+        uri = self.mor_table()
+        nb = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
+        pqs = median_time(lambda: consume(spark.read.parquet(str(self.work / "mor-final.parquet"))), self.repeats)
+        ratio = nb / pqs
+        self.record("4", "snapshot read with 5 uncompacted 10% upserts (merge on read)",
+                    {"nbcc_s": round(nb, 3), "parquet_final_rows_s": round(pqs, 3), "ratio": round(ratio, 2)},
+                    "<= 2x", ratio <= 2)
+
+    def s5_incremental(self):
+        spark = self.spark
+        uri = self.mor_table()
+        done = [i for i in nbcc.Table.open(uri).timeline() if i.state == "completed"]
+        begin = done[-2].completion
+        inc = median_time(lambda: consume(spark.read.format("nbcc").option("query_type", "incremental")
+                                          .option("begin", begin).load(uri)), self.repeats)
+        full = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
+        ratio = inc / full
+        self.record("5", "incremental read of the last 10% commit vs full snapshot",
+                    {"incremental_s": round(inc, 3), "snapshot_s": round(full, 3), "ratio": round(ratio, 2)},
+                    "<= 0.2", ratio <= 0.2,
+                    "random keys touch every bucket, and the merged state of each touched key needs its file group")
+
+    def s6_point_lookup(self):
+        spark = self.spark
+        uri = self.base_table()
+        key = self.n // 3
+        look = median_time(lambda: spark.read.format("nbcc").load(uri).where(f"id = {key}").collect(), self.repeats)
+        scan = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
+        buckets = nbcc.Table.open(uri).config.buckets
+        ratio = look / scan
+        self.record("6", "point lookup by key with pushdown vs full scan",
+                    {"lookup_s": round(look, 3), "scan_s": round(scan, 3), "ratio": round(ratio, 3)},
+                    f"<= 1/{buckets // 2}", ratio <= 1 / (buckets // 2))
+
+    def s7_concurrent_writers(self):
+        script = HERE / "concurrent_writers.py"
+        base = self.fresh_copy("s7-base")
+        out = subprocess.run([sys.executable, str(script), "--table", base, "--rows", str(self.n),
+                              "--work", str(self.work)], capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-3000:])
+        figures = json.loads(out.stdout.strip().splitlines()[-1])
+        met = figures["nbcc_failed"] == 0 and figures["nbcc_retries"] == 0 and figures["speedup_4_vs_1"] >= 1.5
+        self.record("7", "4 writers upserting overlapping keys at once", figures,
+                    "0 failed, 0 retries, >= 1.5x one writer's rows/s", met)
+
+    def s8_planning(self):
+        path = self.work / "commits"
+        shutil.rmtree(path, ignore_errors=True)
+        t = nbcc.Table.create(str(path), pa.schema([("id", pa.int64()), ("v", pa.int64())]), "id", buckets=16)
+        for i in range(self.args.commits):
+            t.write(pa.table({"id": [i % 997, (i * 7) % 997], "v": [i, i]}))
+            if i % 200 == 199:
+                t.compact()
+        code = ("import nbcc,time,sys; t=nbcc.Table.open(sys.argv[1]); s=time.perf_counter(); "
+                "t.plan(); print(time.perf_counter()-s)")
+
+        def cold_plan() -> float:
+            return statistics.median(float(subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                                                          text=True, check=True).stdout) for _ in range(3))
+
+        before = cold_plan()
+        t.clean(retain_commits=10)
+        t.archive(retain_commits=10)
+        after = cold_plan()
+        self.record("8", f"planning a read of a table with {self.args.commits} commits (fresh process)",
+                    {"before_archival_s": round(before, 3), "after_archival_s": round(after, 3)}, "< 1 s", after < 1)
+
+    def s9_memory(self):
+        script = HERE / "merge_memory.py"
+        out = subprocess.run([sys.executable, str(script), "--rows", str(self.args.slice_rows), "--work", str(self.work)],
+                             capture_output=True, text=True, timeout=1800)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr[-3000:])
+        figures = json.loads(out.stdout.strip().splitlines()[-1])
+        self.record("9", f"peak memory merging one {self.args.slice_rows:,}-row file slice", figures,
+                    "< 1.5 GB", figures["peak_rss_gb"] < 1.5)
+
+    def write_results(self) -> None:
+        (HERE / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        lines = [
+            "# nbcc benchmark results",
+            "",
+            f"`python bench/run.py --rows {self.n} --repeats {self.repeats}` (`make bench`), 2-core machine. "
+            "Figures are medians after a warm-up; ratios are measured side by side in the same run.",
+            "",
+            "| # | scenario | figures | target | result |",
+            "|---|---|---|---|---|",
+        ]
+        for key, s in sorted(self.results["scenarios"].items()):
+            figs = ", ".join(f"{k} {v}" for k, v in s["figures"].items())
+            status = "n/a" if s["met"] is None else ("met" if s["met"] else "**missed**")
+            lines.append(f"| {key} | {s['title']} | {figs} | {s['target']} | {status} |")
+        notes = [f"- ({k}) {s['note']}" for k, s in sorted(self.results["scenarios"].items()) if s.get("note")]
+        if notes:
+            lines += ["", "Notes:", *notes]
+        analysis = HERE / "analysis.md"
+        if analysis.exists():
+            lines += ["", analysis.read_text().rstrip()]
+        (HERE / "results.md").write_text("\n".join(lines) + "\n")
+
+
+SCENARIOS = {
+    "1": "s1_bulk_write", "2": "s2_upsert", "3": "s3_read_compacted", "4": "s4_read_mor",
+    "5": "s5_incremental", "6": "s6_point_lookup", "7": "s7_concurrent_writers", "8": "s8_planning", "9": "s9_memory",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="nbcc benchmarks")
+    parser.add_argument("--rows", type=int, default=2_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--commits", type=int, default=2000)
+    parser.add_argument("--slice-rows", type=int, default=10_000_000)
+    parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenario numbers")
+    args = parser.parse_args()
+    bench = Bench(args)
+    try:
+        for key in args.only.split(","):
+            getattr(bench, SCENARIOS[key.strip()])()
+            bench.write_results()
+    finally:
+        shutil.rmtree(bench.work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
