@@ -36,9 +36,11 @@ def _sorted_rows(rows):
 
 
 def _read(spark, uri, enabled, f=None, **options):
-    """(sorted rows, number of Spark partitions) of a read with pushdown on or off."""
+    """(sorted rows, number of Spark partitions) of a read with pushdown on or off. Small file
+    groups are normally packed into few Spark partitions; max_partition_bytes=1 gives each file
+    group read its own, so the partition count is the number of file groups read."""
     with pushdown(spark, enabled):
-        r = spark.read.format("nbcc")
+        r = spark.read.format("nbcc").option("max_partition_bytes", "1")
         for k, v in options.items():
             r = r.option(k, v)
         df = r.load(uri)

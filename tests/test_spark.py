@@ -197,3 +197,25 @@ def test_ingest_job_with_spark_submit(tmp_path):
     got = nbcc.Table.open(uri).read().sort_by("id").to_pydict()
     assert got == {"id": [1, 2, 3], "v": ["a", "B", "c"], "ts": [1, 2, 1]}
     assert nbcc.Table.open(uri).config.buckets == 2
+
+
+def test_small_file_groups_are_packed_into_few_spark_partitions(spark, local_table):
+    uri, _ = local_table
+    spark.range(0, 3000).selectExpr("id", "id % 7 as v").write.format("nbcc").mode("append") \
+        .option("record_key", "id").option("buckets", "8").save(uri)
+    packed = spark.read.format("nbcc").load(uri)
+    one_each = spark.read.format("nbcc").option("max_partition_bytes", "1").load(uri)
+    assert packed.rdd.getNumPartitions() == 1  # a few KiB: one input partition
+    assert one_each.rdd.getNumPartitions() == 8  # one per file group
+    assert sorted(packed.collect()) == sorted(one_each.collect()) == [(i, i % 7) for i in range(3000)]
+
+
+def test_pack_tasks_groups_by_size_in_plan_order():
+    from nbcc.scan import ScanTask, pack_tasks
+
+    mib = 1024 * 1024
+    tasks = [ScanTask("", f"fg{i}", (), bytes=size * mib) for i, size in enumerate([10, 10, 10, 40, 5, 100, 1])]
+    groups = pack_tasks(tasks, max_bytes=64 * mib, parallelism=1)
+    # target = min(64, max(32, 176 / 2)) = 64 MiB per group
+    assert [[t.file_group_id for t in g] for g in groups] == [["fg0", "fg1", "fg2"], ["fg3", "fg4"], ["fg5"], ["fg6"]]
+    assert pack_tasks([], 1) == []

@@ -109,6 +109,8 @@ READ_OPTIONS: dict[str, OptionSpec] = {
     "end": OptionSpec(_text, "incremental: inclusive end (completion time), default the latest"),
     "incremental_format": OptionSpec(_text, "incremental: latest_state (default) | cdc"),
     "include_meta_columns": OptionSpec(_text, "true to add _nbcc_commit_time, _nbcc_completion_time, ..."),
+    "max_partition_bytes": OptionSpec(_positive_int("max_partition_bytes"),
+                                      "Spark: most bytes of files read by one input partition (default 128 MiB)"),
 }
 
 STORAGE_PREFIX = "storage."

@@ -18,6 +18,7 @@ input partition each), and each task is read independently.
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
@@ -203,6 +204,7 @@ class ScanTask:
     range_files: tuple[str, ...] = ()  # incremental: log files of the commits in the range
     reset: bool = False  # an overwrite in the range: every key of the earlier state changed
     merged_already: bool = False  # `files` is one base file with one live row per key
+    bytes: int = 0  # size of the files to read (to pack tasks into engine partitions)
 
 
 @dataclass
@@ -327,7 +329,8 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
         files = _task_files(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
         if files and _keep(config, view.schema, options.predicates, partition, fg, files, info, commit_columns, allowed):
             single_live = len(files) == 1 and bool(info.get((partition, files[0]), {}).get("live"))
-            plan.tasks.append(ScanTask(partition, fg, files, merged_already=single_live))
+            size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files)
+            plan.tasks.append(ScanTask(partition, fg, files, merged_already=single_live, bytes=size))
     return plan
 
 
@@ -401,8 +404,9 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
                                             end_files or (), info, commit_columns, allowed):
             continue
+        size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in (end_files or ()))
         plan.tasks.append(ScanTask(partition, fg, tuple(end_files or ()), tuple(begin_files or ()),
-                                   tuple(range_files.get((partition, fg), ())), reset))
+                                   tuple(range_files.get((partition, fg), ())), reset, bytes=size))
     return plan
 
 
@@ -511,3 +515,29 @@ def read_plan(storage: Storage, plan: ScanPlan, threads: int = 4) -> pa.Table:
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(plan.tasks)))) as pool:
         parts = list(pool.map(lambda t: read_task(storage, plan, t), plan.tasks))
     return pa.concat_tables(parts)
+
+
+DEFAULT_MAX_PARTITION_BYTES = 128 * 1024 * 1024
+MIN_PARTITION_BYTES = 32 * 1024 * 1024
+
+
+def pack_tasks(tasks: list[ScanTask], max_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
+               parallelism: int | None = None) -> list[list[ScanTask]]:
+    """Group tasks into engine partitions. Each engine partition has a fixed cost (about 35 ms
+    for a Spark Python data source task, measured), so small file groups are read together, as
+    Spark's own file sources pack small files: about total / (2 x parallelism) bytes each, at
+    least 32 MiB and at most `max_bytes`. Tasks keep their plan order."""
+    if not tasks:
+        return []
+    cores = parallelism or os.cpu_count() or 2
+    total = sum(t.bytes for t in tasks)
+    target = min(max_bytes, max(MIN_PARTITION_BYTES, total // (2 * cores)))
+    groups: list[list[ScanTask]] = [[]]
+    size = 0
+    for t in tasks:
+        if groups[-1] and size + t.bytes > target:
+            groups.append([])
+            size = 0
+        groups[-1].append(t)
+        size += t.bytes
+    return groups

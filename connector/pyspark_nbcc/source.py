@@ -45,7 +45,18 @@ from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Throttled
-from nbcc.scan import INCREMENTAL, META_OUTPUT_FIELDS, ReadOptions, ScanPlan, ScanTask, plan_scan, read_schema, read_task
+from nbcc.scan import (
+    DEFAULT_MAX_PARTITION_BYTES,
+    INCREMENTAL,
+    META_OUTPUT_FIELDS,
+    ReadOptions,
+    ScanPlan,
+    ScanTask,
+    pack_tasks,
+    plan_scan,
+    read_schema,
+    read_task,
+)
 from nbcc.storage import Storage
 from nbcc.writer import LogWriter, prepare
 
@@ -73,19 +84,20 @@ class DefaultSource(DataSource):
     def name(cls) -> str:
         return "nbcc"
 
-    def _read_setup(self) -> tuple[Table, ReadOptions]:
+    def _read_setup(self) -> tuple[Table, ReadOptions, int]:
         uri = _table_uri(self.options)
         read_options, storage_options = parse_options(self.options, READ_OPTIONS, "read")
-        return Table.open(uri, storage_options), ReadOptions.build(**read_options)
+        max_bytes = read_options.pop("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES)
+        return Table.open(uri, storage_options), ReadOptions.build(**read_options), max_bytes
 
     def schema(self) -> StructType:
-        table, options = self._read_setup()
+        table, options, _ = self._read_setup()
         return _spark_schema(read_schema(table.storage, table.config, options))
 
     def reader(self, schema: StructType) -> "NbccReader":
-        table, options = self._read_setup()
+        table, options, max_bytes = self._read_setup()
         cls = NbccPushdownReader if _pushdown_enabled() else NbccReader
-        return cls(table.uri, table.storage.storage_options, schema, options)
+        return cls(table.uri, table.storage.storage_options, schema, options, max_bytes)
 
     def writer(self, schema: StructType, overwrite: bool) -> "NbccWriter":
         uri = _table_uri(self.options)
@@ -121,38 +133,41 @@ def _pushdown_enabled() -> bool:
 # -- reading -----------------------------------------------------------------------------------
 
 class TaskPartition(InputPartition):
-    """One read task (a file group) with what reading it needs: read() runs on an executor from
+    """Read tasks (file groups) with what reading them needs: read() runs on an executor from
     a copy of the reader pickled before partitions() was called, so nothing planned reaches it
     except through the partition."""
 
-    def __init__(self, plan: ScanPlan, task: ScanTask):
-        super().__init__(f"{task.partition}/{task.file_group_id}")
+    def __init__(self, plan: ScanPlan, tasks: list[ScanTask]):
+        super().__init__(f"{tasks[0].partition}/{tasks[0].file_group_id}+{len(tasks) - 1}")
         self.plan = plan
-        self.task = task
+        self.tasks = tasks
 
 
 class NbccReader(DataSourceReader):
-    def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, options: ReadOptions):
+    def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, options: ReadOptions,
+                 max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES):
         self.uri = uri
         self.storage_options = storage_options
         self.options = options
+        self.max_partition_bytes = max_partition_bytes
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
 
     def partitions(self) -> list[InputPartition]:
         table = Table.open(self.uri, self.storage_options)
         plan = plan_scan(table.storage, table.config, self.options)
         shared = replace(plan, tasks=[])
-        return [TaskPartition(shared, t) for t in plan.tasks]
+        return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, TaskPartition):
             return  # Spark's placeholder partition for an empty plan
         storage = Storage(self.uri, self.storage_options)
-        rows = read_task(storage, partition.plan, partition.task)
-        # Spark checks the first batch's schema exactly (nullability, timestamp[us, tz=UTC]); a
-        # column added since Spark took the schema is left out.
-        rows = rows.select(self.arrow_schema.names).cast(self.arrow_schema)
-        yield from rows.to_batches(max_chunksize=64 * 1024)
+        for task in partition.tasks:
+            rows = read_task(storage, partition.plan, task)
+            # Spark checks the first batch's schema exactly (nullability, timestamp[us, tz=UTC]);
+            # a column added since Spark took the schema is left out.
+            rows = rows.select(self.arrow_schema.names).cast(self.arrow_schema)
+            yield from rows.to_batches(max_chunksize=64 * 1024)
 
 
 class NbccPushdownReader(NbccReader):
