@@ -22,9 +22,16 @@ from .storage import Storage, is_not_found
 
 def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str,
                   columns: Sequence[str] | None = None) -> pa.Table:
+    """The file's rows; with `columns`, only those of them the file has (a column added to the
+    table later is absent from older files)."""
     rel = f"{partition}/{name}" if partition else name
     try:
-        return pq.read_table(storage.full_path(rel), filesystem=arrow_fs, columns=columns)
+        if columns is None:
+            return pq.read_table(storage.full_path(rel), filesystem=arrow_fs)
+        with arrow_fs.open_input_file(storage.full_path(rel)) as source:
+            pf = pq.ParquetFile(source)
+            present = set(pf.schema_arrow.names)
+            return pf.read(columns=[c for c in columns if c in present])
     except Exception as exc:  # noqa: BLE001 - every failure must name the file
         what = "is missing" if is_not_found(exc) else "cannot be read"
         raise DataFileError(
@@ -57,10 +64,8 @@ def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
     if merged_already and not include_meta:
         # Nothing to merge and no meta columns asked for: do not even read them.
         fschema = pa.schema([f.with_nullable(True) for f in schema])
-    wanted = [n for n in fschema.names]
-    parts = [_aligned(_read_parquet(storage, arrow_fs, partition, n, columns=None if not merged_already
-                                    else _present(storage, arrow_fs, partition, n, wanted)), fschema)
-             for n in files]
+    columns = fschema.names if merged_already else None
+    parts = [_aligned(_read_parquet(storage, arrow_fs, partition, n, columns), fschema) for n in files]
     rows = pa.concat_tables(parts) if parts else fschema.empty_table()
     if merged_already:
         merged = rows
@@ -70,16 +75,6 @@ def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
         return merged
     out_fields = list(schema) + (META_FIELDS if include_meta else [])
     return merged.select([f.name for f in out_fields]).cast(pa.schema(out_fields))
-
-
-def _present(storage: Storage, arrow_fs: Any, partition: str, name: str, wanted: Sequence[str]) -> list[str]:
-    """The wanted columns that file `name` has (a column added later is absent from older files)."""
-    rel = f"{partition}/{name}" if partition else name
-    try:
-        names = set(pq.read_schema(storage.full_path(rel), filesystem=arrow_fs).names)
-    except Exception:  # noqa: BLE001 - reading the file reports the error with its name
-        return list(wanted)
-    return [c for c in wanted if c in names]
 
 
 def read_columns(storage: Storage, partition: str, files: Sequence[str], columns: Sequence[str]) -> pa.Table:
