@@ -258,7 +258,6 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
     errors: list[tuple[str, BaseException]] = []
     go = threading.Event()
     stop_reading = threading.Event()
-    spark_instants_before: list[int] = []
     spark_done: list[int] = []
     reads: dict[int, list[tuple[str | None, list[dict[str, Any]]]]] = {0: [], 1: []}
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
-import pytest
 from chispa import assert_df_equality
 from pyspark.sql import Row, functions as F
 

@@ -19,7 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .clean import DEFAULT_RETAIN_COMMITS, earliest_retained
+from .clean import DEFAULT_RETAIN_COMMITS
 from .errors import InvalidOptionError
 from .errors import StorageError
 from .storage import Storage
@@ -34,8 +34,9 @@ from .timeline import (
     ROLLEDBACK,
     TIMELINE_DIR,
     Timeline,
-    read_commit_metadata,
+    earliest_retained,
     load_history,
+    read_commit_metadata,
     read_compaction_plan,
 )
 

@@ -26,7 +26,7 @@ from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
 from .filenames import parse_data_file
 from .rollback import partition_folders, rollback_failed_writes
-from .scan import _task_files, slices_by_group, table_view
+from .scan import files_to_merge, slices_by_group, table_view
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -35,6 +35,7 @@ from .timeline import (
     TIMELINE_DIR,
     Timeline,
     create_completed,
+    earliest_retained,
     read_compaction_plan,
 )
 
@@ -56,7 +57,7 @@ def needed_files(storage: Storage, config: TableConfig, timeline: Timeline, sinc
         view = table_view(storage, config, timeline, point)
         for (partition, _), slices in slices_by_group(storage, view).items():
             for read_optimized in (False, True):
-                for name in _task_files(slices, read_optimized, view.pending_compactions) or ():
+                for name in files_to_merge(slices, read_optimized, view.pending_compactions) or ():
                     needed.add((partition, name))
     for inst in timeline.pending():  # inputs of pending compactions (Hudi #19290)
         if inst.action == "compaction":
@@ -120,16 +121,21 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         if progress is not None:
             progress(n, len(plan.delete))
     result.update(instant=instant, deleted=[list(d) for d in plan.delete])
+    _complete_clean(storage, clock, instant, result)
+    _remove_stale_heartbeats(storage)
+    return result
+
+
+def _complete_clean(storage: Storage, clock: TimeGenerator, instant: str, result: dict[str, Any]) -> None:
+    """Record a clean whose deletes are done; another cleaner may have recorded it already."""
     try:
         with clock.locked() as grant:
             grant.check()
             create_completed(storage, instant, grant.time, CLEAN, result)
     except CommitError:
         if not Timeline.load(storage).get(instant).is_completed:
-            raise  # otherwise another cleaner finished this clean for us: its work is done
+            raise
     storage.delete(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}")
-    _remove_stale_heartbeats(storage)
-    return result
 
 
 def _remove_stale_heartbeats(storage: Storage) -> None:
@@ -154,34 +160,4 @@ def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
             storage.delete(f"{part}/{name}" if part else name)
         result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": body["earliest_retained"],
                   "deleted": body["delete"], "rolled_back": [], "files": []}
-        try:
-            with clock.locked() as grant:
-                grant.check()
-                create_completed(storage, inst.instant, grant.time, CLEAN, result)
-        except CommitError:
-            pass  # another cleaner finished it
-        storage.delete(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}")
-
-
-def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
-    """The start of the retained window: the greatest E of every clean, pending ones included
-    (a pending clean may already be deleting)."""
-    from .timeline import read_commit_metadata
-
-    best = None
-    for inst in timeline.instants:
-        if inst.action != CLEAN:
-            continue
-        if inst.is_completed:
-            since = read_commit_metadata(storage, inst).get("earliest_retained")
-        else:
-            try:
-                since = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))[
-                    "earliest_retained"]
-            except FileNotFoundError:  # it completed meanwhile: look again
-                if _attempts > 0:
-                    return earliest_retained(storage, Timeline.load(storage), _attempts - 1)
-                raise
-        if since and (best is None or since > best):
-            best = since
-    return best
+        _complete_clean(storage, clock, inst.instant, result)

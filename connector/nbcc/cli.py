@@ -37,13 +37,21 @@ import sys
 from typing import Any, Sequence
 
 from . import __version__
-from .clean import DEFAULT_RETAIN_COMMITS, earliest_retained
+from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time_option
 from .errors import InvalidOptionError, NbccError
 from .rollback import failed_writes
 from .scan import oldest_readable
 from .table import Table
-from .timeline import COMPACTION, COMPACTION_COMMIT, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline
+from .timeline import (
+    COMPACTION,
+    COMPACTION_COMMIT,
+    DATA_ACTIONS,
+    HISTORY_DIR,
+    ROLLEDBACK,
+    Timeline,
+    earliest_retained,
+)
 
 PROG = "nbcc"
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -50,11 +49,9 @@ class WriteTransaction:
     added_columns: list[str] = field(default_factory=list)
     partition_depth: int = 0  # number of partition columns (a rollback lists that deep)
     instant: str = ""
-    started_at: float = 0.0
 
     def begin(self) -> str:
         self.instant = self.clock.new_instant()
-        self.started_at = time.time()
         info = {"operation": self.operation, "host": socket.gethostname(), "pid": os.getpid()}
         create_requested(self.storage, self.instant, self.action, info)
         heartbeat.beat(self.storage, self.instant)

@@ -32,6 +32,7 @@ from .schema import IS_DELETED_COL, RECORD_KEY_COL, file_schema, schema_from_jso
 from .storage import Storage
 from .timeline import (
     COMPACTION,
+    DATA_ACTIONS,
     COMPACTION_COMMIT,
     REQUESTED,
     TIMELINE_DIR,
@@ -98,15 +99,22 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
             "rows": merged.num_rows, "bytes": size, "stats": stats, "live": bool(live)}
 
 
-def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: list[dict[str, Any]]) -> str:
+def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: list[dict[str, Any]]) -> str | None:
+    """Complete compaction `tc` with `files`; its completion time, or None if another execution
+    completed it first (then these files are never read; the cleaner removes them)."""
     plan = read_compaction_plan(storage, tc)
     metadata = {"instant": tc, "action": COMPACTION_COMMIT, "operation": "compact", "schema": plan["schema"],
                 "files": sorted(files, key=lambda f: (f["partition"], f["name"])),
                 "rows": sum(f["rows"] for f in files), "bytes": sum(f["bytes"] for f in files)}
-    with clock.locked() as grant:
-        grant.check()
-        create_completed(storage, tc, grant.time, COMPACTION_COMMIT, metadata)
-        return grant.time
+    try:
+        with clock.locked() as grant:
+            grant.check()
+            create_completed(storage, tc, grant.time, COMPACTION_COMMIT, metadata)
+            return grant.time
+    except CommitError:
+        if Timeline.load(storage).get(tc).is_completed:
+            return None
+        raise
 
 
 def execution_token() -> str:
@@ -130,19 +138,12 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
         files.append(compact_file_group(storage, config, tc, op, token))
         if progress is not None:
             progress(n, len(operations))
-    try:
-        return complete_compaction(storage, clock, tc, files)
-    except CommitError:
-        if Timeline.load(storage).get(tc).is_completed:
-            return None  # another execution won; our files are never read
-        raise
+    return complete_compaction(storage, clock, tc, files)
 
 
 
 def delta_commits_since_compaction(timeline: Timeline) -> int:
     """Data commits completed after the latest compaction was scheduled (all, if none was)."""
-    from .timeline import DATA_ACTIONS
-
     last = max((i.instant for i in timeline.instants if i.action in (COMPACTION, COMPACTION_COMMIT)), default="")
     return sum(1 for i in timeline.completed() if i.action in DATA_ACTIONS and i.completion > last)
 

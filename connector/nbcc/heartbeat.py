@@ -16,7 +16,11 @@ import time
 from .storage import Storage
 
 HEARTBEAT_DIR = ".nbcc/heartbeats"
-DEFAULT_HEARTBEAT_TIMEOUT_S = 300
+
+
+def interval_s(timeout_s: float) -> float:
+    """How often to beat: several times per timeout, so one slow storage call never expires it."""
+    return max(0.2, timeout_s / 6)
 
 
 def _now_ms() -> int:

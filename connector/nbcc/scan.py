@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 
 from .buckets import bucket_ids, file_group_id
 from .clock import parse_time_option
-from .config import TableConfig
+from .config import TableConfig, _bool_option
 from .errors import InvalidOptionError
 from .expr import Predicate, conjunction, parse_filter
 from .file_slices import FileSlice, build_file_slices
@@ -44,6 +44,7 @@ from .timeline import (
     REPLACE_COMMIT,
     Instant,
     Timeline,
+    earliest_retained,
     read_commit_metadata,
     read_compaction_plan,
 )
@@ -69,17 +70,6 @@ META_OUTPUT_FIELDS = [
 
 
 # -- options -----------------------------------------------------------------------------------
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("true", "1", "yes"):
-        return True
-    if text in ("false", "0", "no"):
-        return False
-    raise InvalidOptionError(f"expected true or false, got {value!r}")
-
 
 @dataclass(frozen=True)
 class ReadOptions:
@@ -110,7 +100,7 @@ class ReadOptions:
                 raise InvalidOptionError(f"{', '.join(given)}: only for query_type=incremental")
         elif as_of is not None:
             raise InvalidOptionError("as_of does not apply to query_type=incremental: use begin and end")
-        meta = _bool(include_meta_columns)
+        meta = _bool_option("include_meta_columns")(include_meta_columns)
         if qt == INCREMENTAL and fmt == CDC and meta:
             raise InvalidOptionError("include_meta_columns does not apply to cdc output (it has its own columns)")
         begin_t = None
@@ -220,7 +210,7 @@ class ScanPlan:
     end: str | None = None  # incremental: the end of the range actually read
 
 
-def _task_files(slices: list[FileSlice], read_optimized: bool, pending: Iterable[str] = ()
+def files_to_merge(slices: list[FileSlice], read_optimized: bool, pending: Iterable[str] = ()
                 ) -> tuple[str, ...] | None:
     """What a reader merges for a file group: its latest slice, plus the slice before it while
     the latest one waits for a pending compaction (it has no base file yet). The merge orders
@@ -326,7 +316,7 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in view.metas.items()}
     allowed = _allowed_groups(config, options.predicates)
     for (partition, fg), slices in slices_by_group(storage, view).items():
-        files = _task_files(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
+        files = files_to_merge(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
         if files and _keep(config, view.schema, options.predicates, partition, fg, files, info, commit_columns, allowed):
             single_live = len(files) == 1 and bool(info.get((partition, files[0]), {}).get("live"))
             size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files)
@@ -337,8 +327,6 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
 def oldest_readable(storage: Storage, timeline: Timeline) -> str | None:
     """The oldest time a read can be as of: the first commit's completion, or the start of the
     window the cleaner retained."""
-    from .clean import earliest_retained
-
     done = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
     if not done:
         return None
@@ -367,8 +355,6 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     end = min(options.end or latest, latest)
     if begin > end:
         raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
-    from .clean import earliest_retained
-
     retained = earliest_retained(storage, timeline)
     if retained is not None and begin < retained:
         raise InvalidOptionError(
@@ -396,11 +382,11 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in end_view.metas.items()}
     allowed = _allowed_groups(config, options.predicates)
     for partition, fg in sorted(touched):
-        end_files = (_task_files(end_groups[(partition, fg)], False, end_view.pending_compactions)
+        end_files = (files_to_merge(end_groups[(partition, fg)], False, end_view.pending_compactions)
                      if (partition, fg) in end_groups else ())
         begin_files = ()
         if (options.is_cdc or reset) and (partition, fg) in begin_groups:
-            begin_files = _task_files(begin_groups[(partition, fg)], False, begin_view.pending_compactions)
+            begin_files = files_to_merge(begin_groups[(partition, fg)], False, begin_view.pending_compactions)
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
                                             end_files or (), info, commit_columns, allowed):
             continue
@@ -485,7 +471,7 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
         extra = pc.filter(before.column(RECORD_KEY_COL), pc.invert(pc.is_in(before.column(RECORD_KEY_COL), value_set=keys)))
         keys = pa.concat_arrays([keys, extra.combine_chunks()])
         reset_time = plan.reset_completion
-        last_change = pa.concat_arrays([last_change, pa.array([reset_time] * len(extra), pa.string())])
+        last_change = pa.concat_arrays([last_change, constant_strings(reset_time, len(extra))])
     b_idx = pc.index_in(keys, value_set=before.column(RECORD_KEY_COL).combine_chunks())
     a_idx = pc.index_in(keys, value_set=after.column(RECORD_KEY_COL).combine_chunks())
     b_rows, a_rows = before.take(b_idx), after.take(a_idx)

@@ -195,9 +195,6 @@ class Storage:
             return open(path, "wb")
         return self.fs.open(path, "wb")
 
-    def size(self, rel: str) -> int:
-        return int(self.fs.size(self.full_path(rel)))
-
     def arrow_filesystem(self) -> pafs.FileSystem:
         """A pyarrow filesystem for reading Parquet: pyarrow's native one for local disk (fast,
         memory-mapped), fsspec's otherwise."""

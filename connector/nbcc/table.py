@@ -11,7 +11,7 @@ from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
 from .compaction import maybe_compact, run_compaction, schedule_compaction
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, interval_s
 from .rollback import rollback_failed_writes, rollback_instant
 from .config import (
     DEFAULT_BUCKETS,
@@ -136,10 +136,6 @@ class Table:
                    on_progress: Callable[[], None] | None = None) -> LogWriter:
         return LogWriter(self.storage, self.config, txn.schema, txn.instant, token, max_log_file_bytes, on_progress)
 
-    @property
-    def heartbeat_interval_s(self) -> float:
-        return max(0.2, self.config.heartbeat_timeout_s / 6)
-
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
               max_log_file_bytes: int | None = None, compaction_delta_commits: int | None = None,
               compaction_inline: bool = False) -> str:
@@ -160,7 +156,7 @@ class Table:
             check_first = lambda table_schema: check_values(whole, self.config, table_schema, operation)  # noqa: E731
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite", check_first=check_first)
         writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
-        with Heartbeat(self.storage, txn.instant, self.heartbeat_interval_s):  # alive until committed
+        with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):  # alive until committed
             for batch in batches:
                 if batch.num_rows:
                     writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))

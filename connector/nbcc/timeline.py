@@ -246,3 +246,26 @@ def load_history(storage: Storage) -> list[Instant]:
                 _HISTORY_FILES[key] = cached
         out.extend(cached)
     return out
+
+
+def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
+    """The start of the window the cleaner retained (None if no clean ran): the greatest
+    `earliest_retained` of every clean, pending ones included (a pending clean may already be
+    deleting). Reads before it are refused."""
+    best = None
+    for inst in timeline.instants:
+        if inst.action != CLEAN:
+            continue
+        if inst.is_completed:
+            since = read_commit_metadata(storage, inst).get("earliest_retained")
+        else:
+            try:
+                since = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))[
+                    "earliest_retained"]
+            except FileNotFoundError:  # it completed meanwhile: look again
+                if _attempts > 0:
+                    return earliest_retained(storage, Timeline.load(storage), _attempts - 1)
+                raise
+        if since and (best is None or since > best):
+            best = since
+    return best

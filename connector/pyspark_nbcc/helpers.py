@@ -13,7 +13,7 @@ from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
 from nbcc.compaction import compact_file_group, complete_compaction
 from nbcc.config import parse_options
-from nbcc.errors import CommitError, InvalidOptionError, TableNotFoundError
+from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
 from nbcc.timeline import Timeline, read_compaction_plan
 
@@ -102,9 +102,5 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
 
     rdd = spark.sparkContext.parallelize(list(enumerate(operations)), max(1, len(operations)))
     files = rdd.map(merge_group).collect()
-    try:
-        complete_compaction(table.storage, table.clock, tc, files)
-    except CommitError:
-        if not Timeline.load(table.storage).get(tc).is_completed:
-            raise
+    complete_compaction(table.storage, table.clock, tc, files)  # None: another run completed it
     return tc

@@ -44,7 +44,7 @@ from nbcc.config import READ_OPTIONS, WRITE_OPTIONS, TableConfig, parse_options
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
-from nbcc.heartbeat import Throttled
+from nbcc.heartbeat import Throttled, interval_s
 from nbcc.scan import (
     DEFAULT_MAX_PARTITION_BYTES,
     INCREMENTAL,
@@ -260,9 +260,9 @@ class NbccWriter(DataSourceArrowWriter):
 
         ctx = TaskContext.get()
         token = make_token(ctx.partitionId(), ctx.stageId(), ctx.attemptNumber()) if ctx else make_token(0, 0, 0)
-        interval = max(0.2, self.config.heartbeat_timeout_s / 6)
+        beat = Throttled(self.storage, self.txn.instant, interval_s(self.config.heartbeat_timeout_s))
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
-                           self.max_log_file_bytes, on_progress=Throttled(self.storage, self.txn.instant, interval))
+                           self.max_log_file_bytes, on_progress=beat)
         # Spark hands over small batches (spark.sql.execution.arrow.maxRecordsPerBatch, 10k rows by
         # default); checking, hashing and splitting them in bigger pieces costs far less per row.
         pending: list[pa.RecordBatch] = []
