@@ -338,9 +338,11 @@ def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -
     if oldest is None:
         raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")
     if when < oldest:
+        why = ("the start of the window the cleaner retained; older files were deleted"
+               if oldest == earliest_retained(storage, timeline) else "the first commit's completion")
         raise InvalidOptionError(
-            f"{name}={when} is before the oldest state that can be read: the oldest retained commit "
-            f"completed at {oldest} (older files were cleaned); use a time at or after it"
+            f"{name}={when} is before the oldest state that can be read, {oldest} ({why}); "
+            "use a time at or after it"
         )
 
 
