@@ -301,7 +301,7 @@ class Bench:
             "# nbcc benchmark results",
             "",
             f"`python bench/run.py --rows {self.n} --repeats {self.repeats}` (`make bench`), 2-core machine. "
-            "Figures are medians after a warm-up; ratios are measured side by side in the same run.",
+            "Figures are medians after a warm-up; each ratio is measured side by side in one run.",
             "",
             "| # | scenario | figures | target | result |",
             "|---|---|---|---|---|",
