@@ -287,3 +287,56 @@ def test_random_slices_match_a_plain_python_reference(mode):
             file_rows.append(rows)
         rows = files(*file_rows)
         assert merged(rows, mode) == reference(file_rows, mode, "ts"), file_rows
+
+
+# -- compaction: what a base file keeps must merge like everything it replaced ------------------
+
+def _with_instants(file_rows: list[list[dict]], instants: list[str]) -> pa.Table:
+    tables = []
+    for rows, instant in zip(file_rows, instants):
+        t = files(rows)
+        tables.append(t.set_column(t.schema.get_field_index(COMMIT_TIME_COL), COMMIT_TIME_COL,
+                                   pa.array([instant] * len(rows), pa.string())))
+    return pa.concat_tables(tables) if tables else files([])
+
+
+@pytest.mark.parametrize("mode", ["event_time", "partial_update"])
+def test_a_late_natural_delete_between_the_winner_and_a_lower_ranked_later_record(mode):
+    # The compaction sees A (instant 1, ts 4) and B (instant 3, ts 2): A wins. A commit with
+    # instant 2 that completes after the compaction deletes the key: in log order that removes A
+    # and leaves B, which must then win; a base file holding only A would lose the key.
+    early = _with_instants([[up(1, 4, "A")], [up(1, 2, "B")]], ["20240101000000001", "20240101000000003"])
+    late = _with_instants([[delete(1)]], ["20240101000000002"])
+    base = merge_records(early, ["id"], "ts", mode, compact=True)
+    assert merged(pa.concat_tables([base, late]), mode) == [up(1, 2, "B")]
+
+
+@pytest.mark.parametrize("mode", ["event_time", "commit_time", "partial_update"])
+def test_compacted_records_merge_like_the_records_they_replace_with_any_late_commits(mode):
+    """Commits with any instants complete after the compaction (late), as RFC-66 allows: the
+    base file plus the late commits must merge like all the original records."""
+    rng = random.Random(f"compact-late-{mode}")
+    for _ in range(400):
+        n_files = rng.randint(2, 6)
+        instants = sorted(f"202401010000000{i:02d}" for i in rng.sample(range(100), n_files))
+        file_rows = []
+        for _ in range(n_files):
+            rows = []
+            for k in rng.sample(range(5), rng.randint(1, 5)):
+                kind = rng.random()
+                if kind < 0.2:
+                    rows.append(delete(k))
+                elif kind < 0.3:
+                    rows.append(delete(k, rng.randint(0, 9)))
+                else:
+                    rows.append(up(k, rng.randint(0, 9), rng.choice([None, f"a{rng.randint(0, 99)}"]),
+                                   rng.choice([None, rng.randint(0, 99)])))
+            file_rows.append(rows)
+        late = sorted(rng.sample(range(n_files), rng.randint(1, n_files - 1)))
+        early = [i for i in range(n_files) if i not in late]
+        base = merge_records(_with_instants([file_rows[i] for i in early], [instants[i] for i in early]),
+                             ["id"], "ts", mode, compact=True)
+        after = pa.concat_tables([base, _with_instants([file_rows[i] for i in late], [instants[i] for i in late])])
+        everything = _with_instants(file_rows, instants)
+        assert merged(after, mode) == merged(everything, mode), (file_rows, instants, late)
+        assert merged(everything, mode) == reference(file_rows, mode, "ts")

@@ -15,9 +15,15 @@ instant completes after the compaction. Per record key:
    `partial_update`: rows up to the last delete are dropped; each column then takes its last
    non-null value, so writers that own different columns build one joined row.
 
-`compact=True` returns instead the fewest records that merge to the same result together with any
-later records (what compaction writes): per key the last natural delete, and the winner
-(`partial_update`: the last delete and, per column, the record holding its last non-null value).
+`compact=True` returns instead the records that merge to the same result together with any
+records that complete later (what compaction writes). A commit that completes after a compaction
+can have an older instant than records the compaction folded, so one of its natural deletes can
+cut the log anywhere: the result must hold for every cut. Per key that is the last natural delete
+and, among the records after it, every record that outranks all records after it in log order
+(the winner of some suffix of the log; in `partial_update` also per column among the records
+holding a value, and among the deletes). With ordering values that grow with log order that is
+just the winner; keeping only the winner would be wrong when a late natural delete falls between
+the winner and a lower-ranked later record, which must then win.
 
 One sort by (key, ordering, log order) and NumPy segment reductions implement all of it.
 """
@@ -97,10 +103,11 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
         keep = log_pos >= last_natural[group]
         natural_at = np.maximum.reduceat(np.where(natural & (log_pos == last_natural[group]), at, -1), starts)
 
+    if compact:
+        return rows.take(order[_compact_positions(rows, order, pos, group, keep, natural_at, deleted,
+                                                  record_key, merge_mode)])
     winner = np.maximum.reduceat(np.where(keep, at, -1), starts)
     if merge_mode != PARTIAL_UPDATE:
-        if compact:
-            return rows.take(order[_union(natural_at, winner)])
         live = winner[~deleted[winner]]
         return rows.take(order[live])
 
@@ -111,8 +118,6 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
     for name in data_columns:
         valid = after_delete & rows.column(name).is_valid().to_numpy(zero_copy_only=False)[order]
         lasts[name] = np.maximum.reduceat(np.where(valid, at, -1), starts)
-    if compact:
-        return rows.take(order[_union(natural_at, last_delete, winner, *lasts.values())])
     alive = winner != last_delete
     result = rows.take(order[winner[alive]])
     for name in data_columns:  # keys are equal within a group; meta columns come from the winner
@@ -121,6 +126,32 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
         result = result.set_column(result.schema.get_field_index(name), name,
                                    col.take(pa.array(last, mask=last < 0)))
     return result
+
+
+def _compact_positions(rows: pa.Table, order: np.ndarray, pos: np.ndarray, group: np.ndarray, keep: np.ndarray,
+                       natural_at: np.ndarray, deleted: np.ndarray, record_key: Sequence[str],
+                       merge_mode: str) -> np.ndarray:
+    """Positions (in rank order) of the records compaction keeps (see the module docstring)."""
+    n = len(order)
+    # Each group's records in log order; a record's rank is its position in rank order.
+    by_log = np.lexsort((pos[order], group))
+    # Shifting each group's ranks below the previous group's makes one reverse running maximum
+    # over the whole array act per group.
+    shifted = (np.arange(n, dtype=np.int64) - group.astype(np.int64) * n)[by_log]
+    floor = np.iinfo(np.int64).min
+
+    def suffix_winners(eligible: np.ndarray) -> np.ndarray:
+        values = np.where(eligible[by_log], shifted, floor)
+        best_from_here = np.maximum.accumulate(values[::-1])[::-1]
+        return by_log[eligible[by_log] & (values == best_from_here)]
+
+    kept = [natural_at, suffix_winners(keep)]
+    if merge_mode == PARTIAL_UPDATE:
+        kept.append(suffix_winners(keep & deleted))
+        for name in rows.column_names:
+            if name not in record_key and not name.startswith(META_PREFIX):
+                kept.append(suffix_winners(keep & rows.column(name).is_valid().to_numpy(zero_copy_only=False)[order]))
+    return _union(*kept)
 
 
 def _union(*positions: np.ndarray) -> np.ndarray:
