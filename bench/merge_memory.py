@@ -32,11 +32,11 @@ def build(uri: str, rows: int) -> None:
 
 def merge(uri: str) -> None:
     import nbcc
-    from nbcc.scan import read_task
+    from nbcc.scan import iter_task
 
     table = nbcc.Table.open(uri)
     plan = table.plan()
-    out = sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
+    out = sum(piece.num_rows for task in plan.tasks for piece in iter_task(table.storage, plan, task))
     peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(json.dumps({"rows_out": out, "files": sum(len(t.files) for t in plan.tasks),
                       "peak_rss_gb": round(peak_kb / 1024 / 1024, 2)}))

@@ -334,9 +334,24 @@ def test_compacted_records_merge_like_the_records_they_replace_with_any_late_com
             file_rows.append(rows)
         late = sorted(rng.sample(range(n_files), rng.randint(1, n_files - 1)))
         early = [i for i in range(n_files) if i not in late]
-        base = merge_records(_with_instants([file_rows[i] for i in early], [instants[i] for i in early]),
-                             ["id"], "ts", mode, compact=True)
-        after = pa.concat_tables([base, _with_instants([file_rows[i] for i in late], [instants[i] for i in late])])
         everything = _with_instants(file_rows, instants)
-        assert merged(after, mode) == merged(everything, mode), (file_rows, instants, late)
         assert merged(everything, mode) == reference(file_rows, mode, "ts")
+        # Not knowing which instants may complete late (None), and knowing it: the late commits
+        # were the pending ones, so the earliest of them bounds what the base must keep.
+        for late_after in (None, instants[late[0]]):
+            base = merge_records(_with_instants([file_rows[i] for i in early], [instants[i] for i in early]),
+                                 ["id"], "ts", mode, compact=True, late_after=late_after)
+            after = pa.concat_tables([base, _with_instants([file_rows[i] for i in late],
+                                                           [instants[i] for i in late])])
+            assert merged(after, mode) == merged(everything, mode), (file_rows, instants, late, late_after)
+
+
+@pytest.mark.parametrize("mode", ["event_time", "partial_update"])
+def test_with_nothing_pending_a_stale_record_is_not_kept(mode):
+    # A stale update (smaller ts, later instant) loses to the winner. If no write was pending when
+    # the compaction was planned, no late delete can separate them, so the base keeps the winner.
+    early = _with_instants([[up(1, 4, "A")], [up(1, 2, "B")]], ["20240101000000001", "20240101000000003"])
+    everything_kept = merge_records(early, ["id"], "ts", mode, compact=True)
+    bounded = merge_records(early, ["id"], "ts", mode, compact=True, late_after="20240101000000009")
+    assert sorted(everything_kept.column("a").to_pylist()) == ["A", "B"]
+    assert bounded.column("a").to_pylist() == ["A"]

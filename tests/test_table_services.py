@@ -951,3 +951,28 @@ def test_clean_killed_part_way_is_finished_by_the_next_clean(local_table, childr
             assert snapshot(table, as_of=t) == states[t]
     # No clean is left pending on the timeline.
     assert [i for i in table.timeline() if i.action == "clean" and i.state != "completed"] == []
+
+
+def test_a_compaction_plan_names_the_earliest_write_still_pending(tmp_path):
+    """What a base file must keep depends on which older writes can still complete (merge.py):
+    the plan records the earliest pending data instant, or Tc when none is."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1)
+    table.write(pa.table({"id": [1], "ts": [1]}, schema=schema))
+    tc = table.schedule_compaction()
+    plan = json.loads((tmp_path / "t" / ".nbcc" / "timeline" / f"{tc}.compaction.requested").read_text())
+    assert plan["earliest_pending"] == tc
+    table.run_compaction(tc)
+
+    slow = table.begin_write(schema)  # begun, not completed: it may complete after the next plan
+    table.write(pa.table({"id": [1], "ts": [2]}, schema=schema))
+    tc2 = table.schedule_compaction()
+    plan = json.loads((tmp_path / "t" / ".nbcc" / "timeline" / f"{tc2}.compaction.requested").read_text())
+    assert slow.instant < tc2 and plan["earliest_pending"] == slow.instant
+    table.run_compaction(tc2)
+    # The late write with an older instant still merges in log order with the compacted rows.
+    writer = table.log_writer(slow, "0-0-0")
+    writer.write(prepare(pa.table({"id": [1], "ts": [3]}, schema=schema), table.config, slow.schema, "upsert",
+                         slow.instant))
+    slow.commit(writer.close())
+    assert table.read().to_pylist() == [{"id": 1, "ts": 3}]

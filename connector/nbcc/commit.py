@@ -51,9 +51,13 @@ class WriteTransaction:
     instant: str = ""
 
     def begin(self) -> str:
-        self.instant = self.clock.new_instant()
         info = {"operation": self.operation, "host": socket.gethostname(), "pid": os.getpid()}
-        create_requested(self.storage, self.instant, self.action, info)
+        with self.clock.locked() as grant:
+            # Issued and made visible under one lock hold: a compaction scheduled later sees every
+            # older instant that may still complete, which bounds what it must keep (§15).
+            self.instant = grant.time
+            grant.check()
+            create_requested(self.storage, self.instant, self.action, info)
         heartbeat.beat(self.storage, self.instant)
         create_inflight(self.storage, self.instant, self.action, info)
         return self.instant

@@ -25,7 +25,7 @@ from .clock import TimeGenerator
 from .config import TableConfig
 from .errors import CommitError, InvalidOptionError
 from .filenames import base_file_name, make_token
-from .reader import read_files
+from .reader import iter_files
 from .scan import slices_by_group, table_view
 from .expr import supported_type
 from .schema import IS_DELETED_COL, RECORD_KEY_COL, file_schema, schema_from_json, schema_to_json
@@ -64,7 +64,12 @@ def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenera
                                "log_files": list(latest.log_files)})
         if not operations:
             return None
-        plan = {"instant": tc, "operations": operations, "schema": schema_to_json(view.schema)}
+        # Writers make their instant visible under the lock (commit.py), so this is every data
+        # instant older than Tc that may still complete: only records from the earliest of them
+        # on can be cut apart by a late natural delete (merge.py).
+        pending = [i.instant for i in timeline.pending() if i.action in DATA_ACTIONS and i.instant < tc]
+        plan = {"instant": tc, "operations": operations, "schema": schema_to_json(view.schema),
+                "earliest_pending": min(pending, default=tc)}
         grant.check()
         if not storage.put_if_absent(f"{TIMELINE_DIR}/{tc}.{COMPACTION}.{REQUESTED}",
                                      json.dumps(plan, sort_keys=True).encode()):
@@ -75,28 +80,36 @@ def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenera
 def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation: dict[str, Any],
                        token: str) -> dict[str, Any]:
     """Merge one planned file group into a base file; returns the file's descriptor."""
-    schema = schema_from_json(read_compaction_plan(storage, tc)["schema"])
+    plan = read_compaction_plan(storage, tc)
+    schema = schema_from_json(plan["schema"])
     files = ([operation["base_file"]] if operation["base_file"] else []) + operation["log_files"]
     # The records that merge like the whole slice with any later record (deletes included: a
     # late commit with an older instant must still lose to them). Written even when empty: the
     # base file is the barrier that retires the old slice.
-    merged = read_files(storage, config, schema, operation["partition"], files, compact=True)
-    merged = merged.cast(file_schema(schema))
+    fschema = file_schema(schema)
     name = base_file_name(operation["file_group"], token, tc)
     rel = f"{operation['partition']}/{name}" if operation["partition"] else name
+    stats: dict[str, Any] = {}
+    stat_columns = [f.name for f in schema if supported_type(f.type)]
+    rows, live = 0, True
     with storage.open_write(rel) as sink:
-        pq.write_table(merged, sink, compression=COMPRESSION, row_group_size=ROW_GROUP_ROWS)
+        with pq.ParquetWriter(sink, fschema, compression=COMPRESSION) as out:
+            # Pieces have disjoint keys (reader.py), so "one live row per key" holds for the file
+            # when it holds for every piece.
+            for piece in iter_files(storage, config, schema, operation["partition"], files, compact=True,
+                                    late_after=plan.get("earliest_pending")):
+                piece = piece.cast(fschema)
+                out.write_table(piece, row_group_size=ROW_GROUP_ROWS)
+                update_stats(stats, piece, stat_columns)
+                rows += piece.num_rows
+                live = live and (not pc.any(piece.column(IS_DELETED_COL)).as_py()
+                                 and pc.count_distinct(piece.column(RECORD_KEY_COL)).as_py() == piece.num_rows)
         size = sink.tell()
         if storage.is_local:
             sink.flush()
             os.fsync(sink.fileno())
-    stats: dict[str, Any] = {}
-    update_stats(stats, merged, [f.name for f in schema if supported_type(f.type)])
-    # One live row per key and no deletes: a reader of this file alone needs no merge.
-    live = (not pc.any(merged.column(IS_DELETED_COL)).as_py()
-            and pc.count_distinct(merged.column(RECORD_KEY_COL)).as_py() == merged.num_rows)
     return {"partition": operation["partition"], "file_group": operation["file_group"], "name": name,
-            "rows": merged.num_rows, "bytes": size, "stats": stats, "live": bool(live)}
+            "rows": rows, "bytes": size, "stats": stats, "live": bool(live)}
 
 
 def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: list[dict[str, Any]]) -> str | None:

@@ -16,14 +16,15 @@ instant completes after the compaction. Per record key:
    non-null value, so writers that own different columns build one joined row.
 
 `compact=True` returns instead the records that merge to the same result together with any
-records that complete later (what compaction writes). A commit that completes after a compaction
-can have an older instant than records the compaction folded, so one of its natural deletes can
-cut the log anywhere: the result must hold for every cut. Per key that is the last natural delete
-and, among the records after it, every record that outranks all records after it in log order
-(the winner of some suffix of the log; in `partial_update` also per column among the records
-holding a value, and among the deletes). With ordering values that grow with log order that is
-just the winner; keeping only the winner would be wrong when a late natural delete falls between
-the winner and a lower-ranked later record, which must then win.
+records that complete later (what compaction writes): per key the last natural delete and the
+winner (`partial_update`: the last delete and, per column, the record holding its last non-null
+value). A commit that completes after the compaction can have an older instant than records it
+folded, so one of its natural deletes can cut the log between them: with A (instant 1, ts 4) and
+B (instant 3, ts 2), A wins, but a late natural delete at instant 2 removes A and B must win. So
+from `late_after` on (the earliest instant still pending when the compaction was planned) it
+also keeps every record that outranks all records after it in log order (the winner of some
+suffix; in `partial_update` also per column and among deletes). With ordering values that grow
+with log order those are the winners anyway.
 
 One sort by (key, ordering, log order) and NumPy segment reductions implement all of it.
 """
@@ -70,9 +71,12 @@ def _log_order(rows: pa.Table) -> np.ndarray:
 
 
 def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str | None,
-                  merge_mode: str, compact: bool = False) -> pa.Table:
+                  merge_mode: str, compact: bool = False, late_after: str | None = None) -> pa.Table:
     """The merged, live records of `rows` (one per key, deletes removed), sorted by key; or, with
-    `compact`, the records a base file must keep (see the module docstring)."""
+    `compact`, the records a base file must keep (see the module docstring). `late_after`: the
+    earliest instant that may still complete with an instant older than these records' (None:
+    any); a late natural delete cuts the log at or after it, so earlier records need no more than
+    the winner."""
     n = rows.num_rows
     if n == 0:
         return rows
@@ -103,11 +107,11 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
         keep = log_pos >= last_natural[group]
         natural_at = np.maximum.reduceat(np.where(natural & (log_pos == last_natural[group]), at, -1), starts)
 
-    if compact:
-        return rows.take(order[_compact_positions(rows, order, pos, group, keep, natural_at, deleted,
-                                                  record_key, merge_mode)])
     winner = np.maximum.reduceat(np.where(keep, at, -1), starts)
     if merge_mode != PARTIAL_UPDATE:
+        if compact:
+            late = _late_cut_winners(rows, order, pos, group, keep, deleted, record_key, merge_mode, late_after)
+            return rows.take(order[_union(natural_at, winner, late)])
         live = winner[~deleted[winner]]
         return rows.take(order[live])
 
@@ -118,6 +122,9 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
     for name in data_columns:
         valid = after_delete & rows.column(name).is_valid().to_numpy(zero_copy_only=False)[order]
         lasts[name] = np.maximum.reduceat(np.where(valid, at, -1), starts)
+    if compact:
+        late = _late_cut_winners(rows, order, pos, group, keep, deleted, record_key, merge_mode, late_after)
+        return rows.take(order[_union(natural_at, last_delete, winner, *lasts.values(), late)])
     alive = winner != last_delete
     result = rows.take(order[winner[alive]])
     for name in data_columns:  # keys are equal within a group; meta columns come from the winner
@@ -128,11 +135,19 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
     return result
 
 
-def _compact_positions(rows: pa.Table, order: np.ndarray, pos: np.ndarray, group: np.ndarray, keep: np.ndarray,
-                       natural_at: np.ndarray, deleted: np.ndarray, record_key: Sequence[str],
-                       merge_mode: str) -> np.ndarray:
-    """Positions (in rank order) of the records compaction keeps (see the module docstring)."""
+def _late_cut_winners(rows: pa.Table, order: np.ndarray, pos: np.ndarray, group: np.ndarray, keep: np.ndarray,
+                      deleted: np.ndarray, record_key: Sequence[str], merge_mode: str,
+                      late_after: str | None) -> np.ndarray:
+    """Positions (in rank order) of the records that win once a late natural delete cuts the log
+    somewhere at or after `late_after`: every record from there on that outranks all records
+    after it in log order (per column and among deletes too in `partial_update`)."""
     n = len(order)
+    eligible = keep
+    if late_after is not None:
+        eligible = keep & pc.greater_equal(rows.column(COMMIT_TIME_COL), late_after).to_numpy(
+            zero_copy_only=False)[order]
+    if not eligible.any():
+        return np.empty(0, dtype=np.int64)
     # Each group's records in log order; a record's rank is its position in rank order.
     by_log = np.lexsort((pos[order], group))
     # Shifting each group's ranks below the previous group's makes one reverse running maximum
@@ -140,18 +155,18 @@ def _compact_positions(rows: pa.Table, order: np.ndarray, pos: np.ndarray, group
     shifted = (np.arange(n, dtype=np.int64) - group.astype(np.int64) * n)[by_log]
     floor = np.iinfo(np.int64).min
 
-    def suffix_winners(eligible: np.ndarray) -> np.ndarray:
-        values = np.where(eligible[by_log], shifted, floor)
+    def suffix_winners(mask: np.ndarray) -> np.ndarray:
+        values = np.where(mask[by_log], shifted, floor)
         best_from_here = np.maximum.accumulate(values[::-1])[::-1]
-        return by_log[eligible[by_log] & (values == best_from_here)]
+        return by_log[mask[by_log] & (values == best_from_here)]
 
-    kept = [natural_at, suffix_winners(keep)]
+    kept = [suffix_winners(eligible)]
     if merge_mode == PARTIAL_UPDATE:
-        kept.append(suffix_winners(keep & deleted))
+        kept.append(suffix_winners(eligible & deleted))
         for name in rows.column_names:
             if name not in record_key and not name.startswith(META_PREFIX):
-                kept.append(suffix_winners(keep & rows.column(name).is_valid().to_numpy(zero_copy_only=False)[order]))
-    return _union(*kept)
+                kept.append(suffix_winners(eligible & rows.column(name).is_valid().to_numpy(zero_copy_only=False)[order]))
+    return np.concatenate(kept)
 
 
 def _union(*positions: np.ndarray) -> np.ndarray:

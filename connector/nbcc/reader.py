@@ -3,28 +3,58 @@
 Which files to read is decided by `scan.py` from the timeline. Every committed file must be
 readable: a missing or corrupt one fails the read and names the file, so rows are never silently
 dropped.
+
+Memory stays bounded by `merge_rows`, not by the size of a file slice: a slice with more rows
+than that is split by a hash of the record key into pieces of about `merge_rows` rows, spilled to
+local temporary Arrow IPC files, and each piece is merged on its own (every record of a key lands
+in one piece, in log order, so each piece merges exactly as the whole slice would). Results come
+out piece by piece.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+import math
+import os
+import tempfile
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .buckets import java_list_hash
 from .config import TableConfig
 from .errors import DataFileError
 from .merge import merge_records
-from .schema import META_FIELDS, file_schema
+from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_FIELDS, file_schema
 from .storage import Storage, is_not_found
+
+# A merge holds about 300 bytes per row of a 5-column table (rows, sort keys, permutation); 2M
+# rows keep one merging task well under 1 GB. Slices above it are merged in spilled pieces.
+DEFAULT_MERGE_ROWS = 2_000_000
+_SPILL_BATCH_ROWS = 128 * 1024
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads hashes that share low bits
+
+
+def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
+    what = "is missing" if is_not_found(exc) else "cannot be read"
+    return DataFileError(
+        f"committed data file {storage.full_path(rel)} {what} ({exc}); the read stopped so that "
+        "no rows are silently dropped. Restore the file or roll the table back."
+    )
+
+
+def _rel(partition: str, name: str) -> str:
+    return f"{partition}/{name}" if partition else name
 
 
 def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str,
                   columns: Sequence[str] | None = None) -> pa.Table:
     """The file's rows; with `columns`, only those of them the file has (a column added to the
     table later is absent from older files)."""
-    rel = f"{partition}/{name}" if partition else name
+    rel = _rel(partition, name)
     try:
         if columns is None:
             return pq.read_table(storage.full_path(rel), filesystem=arrow_fs)
@@ -33,11 +63,38 @@ def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str,
             present = set(pf.schema_arrow.names)
             return pf.read(columns=[c for c in columns if c in present])
     except Exception as exc:  # noqa: BLE001 - every failure must name the file
-        what = "is missing" if is_not_found(exc) else "cannot be read"
-        raise DataFileError(
-            f"committed data file {storage.full_path(rel)} {what} ({exc}); the read stopped so that "
-            "no rows are silently dropped. Restore the file or roll the table back."
-        ) from exc
+        raise _fail(storage, rel, exc) from exc
+
+
+class _DataFile:
+    """One open data file: its row count from the footer, then its rows whole or in batches."""
+
+    def __init__(self, storage: Storage, arrow_fs: Any, partition: str, name: str, stack: contextlib.ExitStack):
+        self.storage, self.rel = storage, _rel(partition, name)
+        try:
+            self.pf = pq.ParquetFile(stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))))
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(storage, self.rel, exc) from exc
+        self.rows = self.pf.metadata.num_rows
+
+    def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
+        if columns is None:
+            return None
+        present = set(self.pf.schema_arrow.names)
+        return [c for c in columns if c in present]
+
+    def read(self, columns: Sequence[str] | None = None) -> pa.Table:
+        try:
+            return self.pf.read(columns=self._columns(columns))
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(self.storage, self.rel, exc) from exc
+
+    def batches(self, columns: Sequence[str] | None = None, rows: int = _SPILL_BATCH_ROWS) -> Iterator[pa.Table]:
+        try:
+            for batch in self.pf.iter_batches(batch_size=rows, columns=self._columns(columns)):
+                yield pa.Table.from_batches([batch])
+        except Exception as exc:  # noqa: BLE001
+            raise _fail(self.storage, self.rel, exc) from exc
 
 
 def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -53,28 +110,94 @@ def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
+               files: Sequence[str], include_meta: bool = False, compact: bool = False,
+               merged_already: bool = False, merge_rows: int | None = None,
+               late_after: str | None = None) -> Iterator[pa.Table]:
+    """The merged, live records of `files` (one file group's files, in log order), in `schema`
+    plus the meta columns if asked; with `compact`, what a base file keeps (merge.py). Yields
+    pieces whose keys are disjoint, each sorted by key; memory follows `merge_rows`.
+    `merged_already`: the files hold one live row per key (a base file marked live).
+    `late_after` (with `compact`): the earliest instant that may still complete (merge.py)."""
+    merge_rows = merge_rows or DEFAULT_MERGE_ROWS
+    fschema = file_schema(schema)
+    if not include_meta and not compact:
+        # Meta columns nobody asked for are not read: none if there is nothing to merge, else
+        # only what the merge needs (it keys on the record key's own columns, so the string
+        # `_nbcc_record_key` is skipped).
+        needed = [] if merged_already else [COMMIT_TIME_COL, IS_DELETED_COL]
+        fschema = pa.schema([f.with_nullable(True) for f in schema] + [fschema.field(n) for n in needed])
+    out_fields = list(schema) + (META_FIELDS if include_meta else [])
+    out_schema = pa.schema(out_fields)
+
+    def finish(rows: pa.Table) -> pa.Table:
+        return rows if compact else rows.select(out_schema.names).cast(out_schema)
+
+    def merge(rows: pa.Table) -> pa.Table:
+        return merge_records(rows, config.record_key, config.ordering_field, config.merge_mode, compact,
+                             late_after)
+
+    arrow_fs = storage.arrow_filesystem()
+    with contextlib.ExitStack() as stack:
+        opened = [_DataFile(storage, arrow_fs, partition, n, stack) for n in files]
+        total = sum(f.rows for f in opened)
+        if merged_already:
+            if not opened:
+                yield finish(fschema.empty_table())
+            for f in opened:
+                reads = [f.read(fschema.names)] if f.rows <= merge_rows else f.batches(fschema.names, merge_rows)
+                for part in reads:
+                    yield finish(_aligned(part, fschema))
+            return
+        if total <= merge_rows:
+            parts = [_aligned(f.read(fschema.names), fschema) for f in opened]
+            yield finish(merge(pa.concat_tables(parts) if parts else fschema.empty_table()))
+            return
+        for piece in _spilled_pieces(opened, fschema, config.record_key, math.ceil(total / merge_rows)):
+            yield finish(merge(piece))
+
+
+def _piece_ids(rows: pa.Table, record_key: Sequence[str], pieces: int) -> np.ndarray:
+    # Every row of a file group shares its bucket (hash % buckets), so the hash's low bits are
+    # alike: take the piece from the high bits of the hash times the golden ratio instead.
+    h = java_list_hash([rows.column(k) for k in record_key]).view(np.uint32).astype(np.uint64)
+    return ((h * _GOLDEN) >> np.uint64(32)) % np.uint64(pieces)
+
+
+def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Sequence[str],
+                    pieces: int) -> Iterator[pa.Table]:
+    """Split the files' rows by key into `pieces` temporary Arrow IPC files, keeping log order
+    within each, then hand them back one at a time."""
+    with tempfile.TemporaryDirectory(prefix="nbcc-merge-") as tmp:
+        paths = [os.path.join(tmp, f"{p}.arrow") for p in range(pieces)]
+        with contextlib.ExitStack() as writers:
+            sinks = [writers.enter_context(pa.ipc.new_file(path, fschema)) for path in paths]
+            for f in opened:
+                for batch in f.batches(fschema.names):
+                    batch = _aligned(batch, fschema)
+                    ids = _piece_ids(batch, record_key, pieces)
+                    order = np.argsort(ids, kind="stable")  # stable: rows keep their file order
+                    grouped = batch.take(order)
+                    ends = np.cumsum(np.bincount(ids.astype(np.int64), minlength=pieces))
+                    start = 0
+                    for p, end in enumerate(ends):
+                        if end > start:
+                            sinks[p].write_table(grouped.slice(start, end - start))
+                        start = int(end)
+        for path in paths:
+            piece = pa.ipc.open_file(pa.memory_map(path)).read_all()  # the map lives as long as the piece
+            os.remove(path)  # its pages go with the last reference to the piece
+            yield piece
+            del piece
+
+
 def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
                files: Sequence[str], include_meta: bool = False, compact: bool = False,
-               merged_already: bool = False) -> pa.Table:
-    """The merged, live records of `files` (one file group's files, in log order), in `schema`
-    plus the meta columns if asked; with `compact`, what a base file keeps (merge.py).
-    `merged_already`: the files hold one live row per key (a base file marked live)."""
-    fschema = file_schema(schema)
-    arrow_fs = storage.arrow_filesystem()
-    if merged_already and not include_meta:
-        # Nothing to merge and no meta columns asked for: do not even read them.
-        fschema = pa.schema([f.with_nullable(True) for f in schema])
-    columns = fschema.names if merged_already else None
-    parts = [_aligned(_read_parquet(storage, arrow_fs, partition, n, columns), fschema) for n in files]
-    rows = pa.concat_tables(parts) if parts else fschema.empty_table()
-    if merged_already:
-        merged = rows
-    else:
-        merged = merge_records(rows, config.record_key, config.ordering_field, config.merge_mode, compact)
-    if compact:
-        return merged
-    out_fields = list(schema) + (META_FIELDS if include_meta else [])
-    return merged.select([f.name for f in out_fields]).cast(pa.schema(out_fields))
+               merged_already: bool = False, merge_rows: int | None = None) -> pa.Table:
+    """`iter_files` as one table (for callers that need the whole file group at once)."""
+    parts = list(iter_files(storage, config, schema, partition, files, include_meta, compact,
+                            merged_already, merge_rows))
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def read_columns(storage: Storage, partition: str, files: Sequence[str], columns: Sequence[str]) -> pa.Table:

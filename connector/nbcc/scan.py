@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -34,7 +34,7 @@ from .expr import Predicate, conjunction, parse_filter
 from .file_slices import FileSlice, build_file_slices
 from .filenames import parse_data_file
 from .partitions import parse_partition_path
-from .reader import read_columns, read_files
+from .reader import iter_files, read_columns, read_files
 from .schema import COMMIT_TIME_COL, RECORD_KEY_COL, constant_strings, merge_added_columns, schema_from_json
 from .storage import Storage
 from .timeline import (
@@ -413,23 +413,31 @@ def _with_meta(plan: ScanPlan, task: ScanTask, merged: pa.Table) -> pa.Table:
     return out.append_column(FILE_GROUP_COL, constant_strings(task.file_group_id, n))
 
 
-def read_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
-    """The rows of one task, in `plan.output_schema`."""
+def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.Table]:
+    """The rows of one task, in `plan.output_schema`, piece by piece (memory stays bounded for a
+    large file slice: see reader.py)."""
     config, options = plan.config, plan.options
     if options.is_cdc:
-        return _read_cdc(storage, plan, task)
-    merged = read_files(storage, config, plan.schema, task.partition, list(task.files),
-                        include_meta=not task.merged_already or options.include_meta_columns
-                        or options.query_type == INCREMENTAL,
-                        merged_already=task.merged_already)
-    if options.query_type == INCREMENTAL:
-        merged = merged.filter(pc.is_in(merged.column(RECORD_KEY_COL), value_set=_touched_keys(storage, plan, task)))
-    if options.include_meta_columns:
-        merged = _with_meta(plan, task, merged)
+        yield _read_cdc(storage, plan, task)
+        return
+    touched = _touched_keys(storage, plan, task) if options.query_type == INCREMENTAL else None
     expr = conjunction(options.predicates, options.arrow_filter)
-    if expr is not None and merged.num_rows:
-        merged = merged.filter(expr)
-    return merged.select(plan.output_schema.names).cast(plan.output_schema)
+    for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
+                             include_meta=options.include_meta_columns or options.query_type == INCREMENTAL,
+                             merged_already=task.merged_already):
+        if touched is not None:
+            merged = merged.filter(pc.is_in(merged.column(RECORD_KEY_COL), value_set=touched))
+        if options.include_meta_columns:
+            merged = _with_meta(plan, task, merged)
+        if expr is not None and merged.num_rows:
+            merged = merged.filter(expr)
+        yield merged.select(plan.output_schema.names).cast(plan.output_schema)
+
+
+def read_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
+    """The rows of one task, in `plan.output_schema`, as one table."""
+    parts = list(iter_task(storage, plan, task))
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def _range_rows(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
