@@ -113,6 +113,27 @@ READ_OPTIONS: dict[str, OptionSpec] = {
                                       "Spark: most bytes of files read by one input partition (default 128 MiB)"),
 }
 
+# Streaming (Spark's writeStream / readStream). Their own registries: `begin` means something
+# else for a stream, and batch-only options (as_of, end, ...) make no sense there.
+STREAM_ID_DOC = ("the stream's identity, recorded in every commit with the batch id (default: Spark's "
+                 "query id, kept in the checkpoint); letters, digits, '.', '_', '-'")
+STREAM_WRITE_OPTIONS: dict[str, OptionSpec] = {
+    **WRITE_OPTIONS,
+    "stream_id": OptionSpec(_text, STREAM_ID_DOC),
+    "checkpointlocation": OptionSpec(_text, "Spark: the streaming query's checkpoint (Spark passes it on)"),
+}
+STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
+    "begin": OptionSpec(_text, "where a new stream starts: earliest (default: every row), latest (only "
+                               "commits completing after the start), or a completion time (exclusive)"),
+    "max_commits_per_trigger": OptionSpec(_positive_int("max_commits_per_trigger"),
+                                          "most commits per micro-batch (at least one is always read)"),
+    "max_rows_per_trigger": OptionSpec(_positive_int("max_rows_per_trigger"),
+                                       "most written rows per micro-batch, counted from commit metadata "
+                                       "(at least one commit is always read)"),
+    "include_meta_columns": READ_OPTIONS["include_meta_columns"],
+    "max_partition_bytes": READ_OPTIONS["max_partition_bytes"],
+}
+
 STORAGE_PREFIX = "storage."
 # Spark adds these itself for load(path) / save(path).
 SPARK_PATH_OPTIONS = ("path", "paths")

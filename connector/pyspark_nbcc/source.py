@@ -55,7 +55,7 @@ from nbcc.scan import (
     pack_tasks,
     plan_scan,
     read_schema,
-    read_task,
+    iter_task,
 )
 from nbcc.storage import Storage
 from nbcc.writer import LogWriter, prepare
@@ -91,7 +91,16 @@ class DefaultSource(DataSource):
         return Table.open(uri, storage_options), ReadOptions.build(**read_options), max_bytes
 
     def schema(self) -> StructType:
-        table, options, _ = self._read_setup()
+        try:
+            table, options, _ = self._read_setup()
+        except InvalidOptionError as batch_error:
+            # schema() serves readStream too, whose options differ; the reader Spark asks for
+            # next (reader() or streamReader()) checks its own options strictly.
+            from .streaming import stream_read_schema
+            try:
+                return stream_read_schema(self.options)
+            except InvalidOptionError as stream_error:
+                raise InvalidOptionError(f"{batch_error}; as spark.readStream: {stream_error}") from None
         return _spark_schema(read_schema(table.storage, table.config, options))
 
     def reader(self, schema: StructType) -> "NbccReader":
@@ -109,6 +118,16 @@ class DefaultSource(DataSource):
         table = Table.open_or_create(uri, arrow_schema, storage_options, **options)
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger)
+
+    def streamWriter(self, schema: StructType, overwrite: bool):
+        """`df.writeStream.format("nbcc").start(uri)`: one commit per micro-batch (streaming.py)."""
+        from .streaming import stream_writer
+        return stream_writer(self.options, schema, overwrite)
+
+    def streamReader(self, schema: StructType):
+        """`spark.readStream.format("nbcc").load(uri)`: offsets are completion times (streaming.py)."""
+        from .streaming import stream_reader
+        return stream_reader(self.options, schema)
 
 
 def _pushdown_enabled() -> bool:
@@ -163,11 +182,11 @@ class NbccReader(DataSourceReader):
             return  # Spark's placeholder partition for an empty plan
         storage = Storage(self.uri, self.storage_options)
         for task in partition.tasks:
-            rows = read_task(storage, partition.plan, task)
-            # Spark checks the first batch's schema exactly (nullability, timestamp[us, tz=UTC]);
-            # a column added since Spark took the schema is left out.
-            rows = rows.select(self.arrow_schema.names).cast(self.arrow_schema)
-            yield from rows.to_batches(max_chunksize=64 * 1024)
+            for rows in iter_task(storage, partition.plan, task):
+                # Spark checks the first batch's schema exactly (nullability, timestamp[us, tz=UTC]);
+                # a column added since Spark took the schema is left out.
+                rows = rows.select(self.arrow_schema.names).cast(self.arrow_schema)
+                yield from rows.to_batches(max_chunksize=64 * 1024)
 
 
 class NbccPushdownReader(NbccReader):

@@ -1,0 +1,365 @@
+"""Streaming into and out of a table, engine-independent: exactly-once micro-batch writes, and
+micro-batch reads whose offsets are completion times.
+
+Writing. A streaming engine retries a micro-batch after a failure with the same batch id and the
+same data, and the tasks of one batch run in different processes. So every batch claims one
+instant for all its tasks in a record under `.nbcc/streams/<stream_id>/`:
+
+    <batch_id:020d>.<attempt>.json   {"instant", "stream_id", "batch_id", "attempt", "query_id", ...}
+
+created by whichever task of the batch has rows first: under the table lock it takes the
+instant time, publishes `<instant>.requested` and puts the claim (put-if-absent), as
+WriteTransaction.begin issues and publishes an instant under one lock hold (a compaction planned
+later must see every pending instant, compaction.py). Every other task, and every replay of the
+batch, reads the latest attempt and goes by its instant's state:
+- completed: the batch is committed already; write nothing, commit nothing (a replay);
+- rolled back (an abort, or a heartbeat that expired): claim attempt + 1 with a new instant;
+- pending: write into it (the heartbeat and `.inflight` steps are repeatable, any task finishes
+  them).
+The commit completes that instant with `stream_id` and `batch_id` in its metadata, unless it is
+completed already. An instant completes at most once (commit.py), so each batch is committed at
+most once, whatever crashes, replays or zombie tasks do. Files of a failed attempt or of a task
+attempt that lost are never listed by the commit; the cleaner deletes them as orphans.
+
+Reading. An offset is a completion time `C`; the micro-batch after it reads the incremental range
+`(C, E]` with `E` the completion time of a later data commit. A commit that started long ago and
+completes late gets a completion time after every offset already handed out (one clock, §6), so
+it falls into a later micro-batch and is never missed. The first batch of a stream that starts at
+the beginning is the snapshot as of `E` (the same rows as that range, and readable even after a
+clean removed older files).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+from dataclasses import dataclass, replace
+from typing import Any, Iterable
+
+import pyarrow as pa
+
+from .clock import parse_time_option
+from .commit import WriteTransaction
+from .errors import CommitError, InvalidOptionError
+from .heartbeat import beat, remove as remove_heartbeat
+from .rollback import rollback_instant
+from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, plan_scan
+from .storage import Storage
+from .table import Table
+from .timeline import (
+    COMPLETED,
+    DATA_ACTIONS,
+    DELTA_COMMIT,
+    INFLIGHT,
+    REPLACE_COMMIT,
+    REQUESTED,
+    ROLLEDBACK,
+    TIMELINE_DIR,
+    Timeline,
+    create_requested,
+    earliest_retained,
+    load_history,
+    parse_instant_file,
+    read_commit_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+STREAMS_DIR = ".nbcc/streams"
+OWNER_FILE = "owner.json"
+KEEP_CLAIMS = 100  # batches whose claims are kept; an engine replays only its latest batch
+_MAX_CLAIM_ROUNDS = 50
+_STREAM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+BEFORE_ALL = "0" * 17  # the offset before every commit
+LATEST = "latest"
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+def check_stream_id(value: Any) -> str:
+    """A stream id names a folder: letters, digits, '.', '_', '-' (at most 128, not starting with
+    '.', '_' or '-')."""
+    text = str(value).strip()
+    if not _STREAM_ID.fullmatch(text):
+        raise InvalidOptionError(
+            f"stream_id={value!r} is not a valid stream id: use 1 to 128 letters, digits, '.', '_' or "
+            "'-', starting with a letter or digit (e.g. orders_ingest.v2)"
+        )
+    return text
+
+
+def write_template(table: Table, incoming: pa.Schema, operation: str, overwrite: bool) -> WriteTransaction:
+    """The transaction of a streaming write, checked like `Table.begin_write` but not begun: each
+    micro-batch begins its own instant (`claim_batch`)."""
+
+    class _Checked(Exception):
+        def __init__(self, schema: pa.Schema):
+            self.schema = schema
+
+    def stop(schema: pa.Schema) -> None:
+        raise _Checked(schema)
+
+    # begin_write runs every schema check, then calls check_first before it begins the instant:
+    # stopping there reuses the checks without creating an instant.
+    try:
+        table.begin_write(incoming, operation, overwrite=overwrite, check_first=stop)
+    except _Checked as checked:
+        new_schema = checked.schema
+    else:  # pragma: no cover - begin_write always calls check_first
+        raise AssertionError("begin_write did not call check_first")
+    current = table.schema()
+    return WriteTransaction(
+        table.storage, table.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
+        "overwrite" if overwrite else operation, new_schema,
+        added_columns=[n for n in new_schema.names if n not in current.names],
+        partition_depth=len(table.config.partition_by),
+    )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The instant that micro-batch `batch_id` of a stream writes into."""
+
+    stream_id: str
+    batch_id: int
+    attempt: int
+    instant: str
+    state: str  # the instant's state: completed, or pending (requested / inflight)
+
+    @property
+    def committed(self) -> bool:
+        return self.state == COMPLETED
+
+
+def _claim_dir(stream_id: str) -> str:
+    return f"{STREAMS_DIR}/{stream_id}"
+
+
+def _claim_path(stream_id: str, batch_id: int, attempt: int) -> str:
+    return f"{_claim_dir(stream_id)}/{batch_id:020d}.{attempt}.json"
+
+
+def _parse_claim_name(name: str) -> tuple[int, int] | None:
+    parts = name.split(".")
+    if len(parts) == 3 and parts[2] == "json" and parts[0].isdigit() and parts[1].isdigit():
+        return int(parts[0]), int(parts[1])
+    return None
+
+
+def latest_claim(storage: Storage, stream_id: str, batch_id: int) -> dict[str, Any] | None:
+    """The latest attempt's claim record of a batch, or None."""
+    names = storage.list_names(_claim_dir(stream_id), prefix=f"{batch_id:020d}.")
+    attempts = [p[1] for p in map(_parse_claim_name, names) if p is not None and p[0] == batch_id]
+    if not attempts:
+        return None
+    return json.loads(storage.read_bytes(_claim_path(stream_id, batch_id, max(attempts))))
+
+
+def instant_state(storage: Storage, instant: str) -> str | None:
+    """The state of one instant (None: not on the timeline), from a listing of its own names
+    and, if it has none, the history (it may have been archived since)."""
+    own = [i for i in map(parse_instant_file, storage.list_names(TIMELINE_DIR, prefix=instant))
+           if i is not None and i.instant == instant]
+    if not own:  # listed before the history: archival writes history first, then deletes
+        own = [i for i in load_history(storage) if i.instant == instant]
+    found = Timeline(own).get(instant)
+    return found.state if found else None
+
+
+def _begin_rest(storage: Storage, instant: str, action: str, info: dict[str, Any]) -> None:
+    """The steps of WriteTransaction.begin after `.requested` (heartbeat, inflight); repeatable,
+    so any task of the batch may finish them."""
+    beat(storage, instant)
+    storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{action}.{INFLIGHT}",
+                          json.dumps(info, separators=(",", ":"), sort_keys=True).encode())
+
+
+def _new_claim(storage: Storage, clock: Any, stream_id: str, batch_id: int, attempt: int, action: str,
+               info: dict[str, Any], query_id: str | None) -> str | None:
+    """Claim `attempt` of a batch with a new instant, issued and published as requested under the
+    lock; None if another task claimed that attempt first."""
+    path = _claim_path(stream_id, batch_id, attempt)
+    with clock.locked() as grant:
+        # Every claimant takes the lock, so a claim seen missing here is not being made by anyone
+        # else: the common race (all tasks of a new batch at once) leaves no stray instant.
+        if storage.exists(path):
+            return None
+        instant = grant.time
+        grant.check()
+        create_requested(storage, instant, action, info)
+        body = {"stream_id": stream_id, "batch_id": batch_id, "attempt": attempt, "instant": instant,
+                "action": action, "query_id": query_id}
+        won = storage.put_if_absent(path, json.dumps(body).encode())
+    if not won:  # only when our lease ran out mid-claim and another claimant went ahead
+        rollback_instant(storage, clock, instant, 0, reason="lost the claim of a streaming batch")
+        return None
+    _begin_rest(storage, instant, action, info)
+    return instant
+
+
+_OWNERS_SEEN: set[tuple[str, str, str]] = set()
+
+
+def check_owner(storage: Storage, stream_id: str, query_id: str | None) -> None:
+    """A stream id given by the user belongs to one streaming query (one checkpoint). Another
+    query starts its batch ids at 0 again, so its batches would be taken for replays of the
+    first one's and skipped: refuse it instead."""
+    if not query_id or stream_id == query_id or (storage.uri, stream_id, query_id) in _OWNERS_SEEN:
+        return
+    path = f"{_claim_dir(stream_id)}/{OWNER_FILE}"
+    if not storage.put_if_absent(path, json.dumps({"query_id": query_id}).encode()):
+        owner = json.loads(storage.read_bytes(path)).get("query_id")
+        if owner != query_id:
+            raise InvalidOptionError(
+                f"stream_id={stream_id!r} belongs to another streaming query (query id {owner}); this "
+                f"query ({query_id}) has another checkpoint, and its batch ids would be taken for that "
+                "query's committed batches and skipped. Give each checkpoint its own stream_id (or "
+                "leave stream_id out: it defaults to the query id, kept in the checkpoint)."
+            )
+    _OWNERS_SEEN.add((storage.uri, stream_id, query_id))
+
+
+def claim_batch(storage: Storage, clock: Any, stream_id: str, batch_id: int, action: str,
+                info: dict[str, Any] | None = None, query_id: str | None = None) -> Claim:
+    """The instant micro-batch `batch_id` writes into: its latest claim if that is still usable,
+    else a new claim (see the module doc). Safe to call from every task of the batch at once."""
+    check_owner(storage, stream_id, query_id)
+    info = {**(info or {}), "stream_id": stream_id, "batch_id": batch_id,
+            "host": socket.gethostname(), "pid": os.getpid()}
+    for _ in range(_MAX_CLAIM_ROUNDS):
+        record = latest_claim(storage, stream_id, batch_id)
+        attempt = 0
+        if record is not None:
+            instant = record["instant"]
+            state = instant_state(storage, instant)
+            if state == COMPLETED:
+                return Claim(stream_id, batch_id, record["attempt"], instant, COMPLETED)
+            if state != ROLLEDBACK:
+                # Beat before looking again: a cleaner re-reads the heartbeat under the lock
+                # before it rolls a write back, so once the second look shows it pending, it stays
+                # so while this task writes (and beats).
+                beat(storage, instant)
+                state = instant_state(storage, instant)
+                if state in (REQUESTED, INFLIGHT):
+                    if state == REQUESTED:  # its claimant died before finishing the begin
+                        _begin_rest(storage, instant, record.get("action", action), info)
+                    return Claim(stream_id, batch_id, record["attempt"], instant, state)
+                remove_heartbeat(storage, instant)
+                if state == COMPLETED:
+                    return Claim(stream_id, batch_id, record["attempt"], instant, COMPLETED)
+            attempt = record["attempt"] + 1
+        instant = _new_claim(storage, clock, stream_id, batch_id, attempt, action, info, query_id)
+        if instant is not None:
+            return Claim(stream_id, batch_id, attempt, instant, INFLIGHT)
+        # Another task claimed this attempt first: go by its claim.
+    raise CommitError(f"stream {stream_id}: could not claim an instant for batch {batch_id}")
+
+
+def commit_batch(template: WriteTransaction, stream_id: str, batch_id: int, instant: str,
+                 files: Iterable[dict[str, Any]]) -> str | None:
+    """Complete micro-batch `batch_id` in `instant`: its completion time, or None if the batch
+    was committed already (a replay, or another run of it won)."""
+    extra = {"stream_id": stream_id, "batch_id": batch_id}
+    if instant_state(template.storage, instant) == COMPLETED:
+        return None
+    try:
+        completion = replace(template, instant=instant).commit(files, extra=extra)
+    except CommitError:
+        if instant_state(template.storage, instant) == COMPLETED:
+            return None  # a concurrent run of the same batch completed it first
+        raise
+    prune_claims(template.storage, stream_id, batch_id)
+    return completion
+
+
+def prune_claims(storage: Storage, stream_id: str, batch_id: int, keep: int = KEEP_CLAIMS) -> None:
+    """Delete the claims of batches older than the last `keep` (an engine only ever replays its
+    latest batch). Best effort: a claim left behind is harmless."""
+    try:
+        for name in storage.list_names(_claim_dir(stream_id)):
+            parsed = _parse_claim_name(name)
+            if parsed is not None and parsed[0] <= batch_id - keep:
+                storage.delete(f"{_claim_dir(stream_id)}/{name}")
+    except Exception as exc:  # noqa: BLE001 - the batch is committed; tidying must not fail it
+        log.warning("stream %s: pruning old claims failed: %s", stream_id, exc)
+
+
+# -- reading -----------------------------------------------------------------------------------
+
+def initial_offset(storage: Storage, begin: str | None) -> str:
+    """The offset (a completion time) a new stream starts after: `earliest` (default) is before
+    every commit, `latest` is the latest data commit's completion, else the time given."""
+    text = (begin or EARLIEST).strip()
+    if text.lower() == EARLIEST:
+        return BEFORE_ALL
+    if text.lower() == LATEST:
+        return latest_data_completion(storage)
+    return parse_time_option(text, "begin")
+
+
+def latest_data_completion(storage: Storage) -> str:
+    """The completion time of the latest data commit (BEFORE_ALL if there is none)."""
+    done = [i for i in Timeline.load(storage).completed() if i.action in DATA_ACTIONS]
+    return done[-1].completion if done else BEFORE_ALL
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Admission control for one micro-batch; None = no limit. At least one commit is always
+    admitted, or a single large commit would stop the stream."""
+
+    max_commits: int | None = None
+    max_rows: int | None = None
+    max_bytes: int | None = None
+    min_rows: int | None = None  # fewer rows than this available: wait for more
+
+
+def next_offset(storage: Storage, start: str, limits: Limits = Limits(), upto: str | None = None) -> str:
+    """The end of the micro-batch after `start`: the completion time of the last data commit
+    admitted (`start` itself if there is none). `upto` caps it (a trigger that reads only what
+    was there when it began)."""
+    timeline = Timeline.load(storage)
+    commits = [i for i in timeline.completed()
+               if i.action in DATA_ACTIONS and i.completion > start and (upto is None or i.completion <= upto)]
+    if not commits:
+        return start
+    first = 1
+    if start == BEFORE_ALL:
+        # The first batch of a stream from the beginning is a snapshot; it cannot be taken as of
+        # a time before the window a cleaner retained, so it reaches at least that far.
+        window = earliest_retained(storage, timeline)
+        if window is not None:
+            first = max(first, sum(1 for i in commits if i.completion <= window))
+    if limits.max_rows is None and limits.max_bytes is None and limits.min_rows is None:
+        n = len(commits) if limits.max_commits is None else min(len(commits), limits.max_commits)
+        return commits[max(n, first) - 1].completion
+    rows = bytes_ = 0
+    n = 0
+    for inst in commits:
+        meta = read_commit_metadata(storage, inst)
+        r, b = int(meta.get("rows", 0)), int(meta.get("bytes", 0))
+        over = ((limits.max_commits is not None and n + 1 > limits.max_commits)
+                or (limits.max_rows is not None and rows + r > limits.max_rows)
+                or (limits.max_bytes is not None and bytes_ + b > limits.max_bytes))
+        if over and n >= first:
+            break
+        rows, bytes_, n = rows + r, bytes_ + b, n + 1
+    if limits.min_rows is not None and rows < limits.min_rows:
+        return start
+    return commits[n - 1].completion
+
+
+def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta_columns: bool = False) -> ScanPlan:
+    """The read plan of the micro-batch `(start, end]`: the rows of every key written by a data
+    commit that completed in it, as of `end` (deleted keys absent)."""
+    if start == BEFORE_ALL:
+        # Every key written up to `end`, as of `end`: the snapshot, which stays readable after a
+        # clean (an incremental range from the beginning would need cleaned files).
+        options = ReadOptions(query_type=SNAPSHOT, as_of=end, include_meta_columns=include_meta_columns)
+    else:
+        options = ReadOptions(query_type=INCREMENTAL, begin=start, end=end,
+                              include_meta_columns=include_meta_columns)
+    return plan_scan(storage, config, options)

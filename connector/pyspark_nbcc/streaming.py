@@ -1,0 +1,286 @@
+"""Spark structured streaming for `nbcc`: the stream writer (sink) and the stream reader (source).
+The logic lives in `nbcc.stream`; this module adapts it to Spark's Python data source API.
+
+Sink. Spark creates the stream writer when it plans each micro-batch and again, from the pickled
+data source, in the worker that commits it, and never tells either the batch id. Only the tasks
+know it (the local property `streaming.sql.batchId`, with the query id in
+`sql.streaming.queryId`), so the first task of a batch with rows claims the batch's instant
+(`nbcc.stream.claim_batch`), and the commit message carries it to `commit`.
+
+Source. Offsets are `{"completion": <17-digit time>}`. Spark calls the offset methods on one
+long-lived reader, and `read` on a pickled copy: the plan of a micro-batch travels in its input
+partitions, as for batch reads.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxFiles,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from nbcc import Table
+from nbcc.commit import WriteTransaction
+from nbcc.compaction import maybe_compact
+from nbcc.config import STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, parse_options
+from nbcc.errors import CommitError, InvalidOptionError
+from nbcc.filenames import make_token
+from nbcc.heartbeat import Throttled, interval_s
+from nbcc.rollback import rollback_instant
+from nbcc.scan import DEFAULT_MAX_PARTITION_BYTES, ReadOptions, pack_tasks, read_schema
+from nbcc.storage import Storage
+from nbcc.stream import (
+    Limits,
+    check_stream_id,
+    claim_batch,
+    commit_batch,
+    initial_offset,
+    latest_data_completion,
+    next_offset,
+    plan_range,
+    write_template,
+)
+from nbcc.writer import LogWriter, prepare
+
+from .source import COALESCE_ROWS, NbccReader, TaskPartition, _spark_schema, _table_uri
+
+log = logging.getLogger(__name__)
+
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+OFFSET_KEY = "completion"
+
+
+# -- sink --------------------------------------------------------------------------------------
+
+@dataclass
+class NbccStreamCommitMessage(WriterCommitMessage):
+    stream_id: str | None = None
+    instant: str | None = None  # None: this task had no rows
+    files: list[dict[str, Any]] = field(default_factory=list)
+    committed_before: bool = False  # the batch's instant had completed: a replay, nothing written
+
+
+def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) -> "NbccStreamWriter":
+    uri = _table_uri(options)
+    parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
+    stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
+    parsed.pop("checkpointlocation", None)
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    operation = parsed.pop("operation", "upsert")
+    max_bytes = parsed.pop("max_log_file_bytes", None)
+    trigger = (parsed.pop("compaction_delta_commits", None), parsed.pop("compaction_inline", False))
+    table = Table.open_or_create(uri, arrow_schema, storage_options, **parsed)
+    template = write_template(table, arrow_schema, operation, overwrite)
+    return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
+
+
+def _coalesced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
+    """Spark's small Arrow batches in pieces of about COALESCE_ROWS rows (checking, hashing and
+    splitting rows costs far less per row in bigger pieces); empty batches are dropped."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if batch.num_rows:
+            pending.append(batch)
+            rows += batch.num_rows
+        if rows >= COALESCE_ROWS:
+            yield pa.Table.from_batches(pending)
+            pending, rows = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
+class NbccStreamWriter(DataSourceStreamArrowWriter):
+    """Each micro-batch is one commit (a deltacommit; a replacecommit in complete output mode),
+    committed at most once whatever Spark replays."""
+
+    def __init__(self, config: TableConfig, template: WriteTransaction, stream_id: str | None,
+                 max_log_file_bytes: int | None, compaction_trigger: tuple[int | None, bool] = (None, False)):
+        self.config = config
+        self.template = template  # not begun: every batch begins its own instant
+        self.stream_id = stream_id
+        self.max_log_file_bytes = max_log_file_bytes
+        self.compaction_trigger = compaction_trigger
+
+    @property
+    def storage(self) -> Storage:
+        return self.template.storage
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> NbccStreamCommitMessage:
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        batch_id = ctx.getLocalProperty(BATCH_ID_PROPERTY) if ctx else None
+        query_id = ctx.getLocalProperty(QUERY_ID_PROPERTY) if ctx else None
+        stream_id = self.stream_id or query_id
+        if batch_id is None or stream_id is None:
+            raise CommitError("the nbcc stream writer runs only in a Spark streaming micro-batch "
+                              f"(the task has no {BATCH_ID_PROPERTY} / {QUERY_ID_PROPERTY} property)")
+        # The instant of a batch is reused when Spark replays the batch, maybe by a new application
+        # whose stage ids start at 0 again: a random middle number keeps file names unique.
+        token = make_token(ctx.partitionId(), random.randrange(2**31), ctx.attemptNumber())
+        txn, claim, writer = self.template, None, None
+        for rows in _coalesced(iterator):
+            if claim is None:
+                claim = claim_batch(self.storage, txn.clock, stream_id, int(batch_id), txn.action,
+                                    {"operation": txn.operation}, query_id)
+                if claim.committed:
+                    return NbccStreamCommitMessage(stream_id, claim.instant, committed_before=True)
+                beat = Throttled(self.storage, claim.instant, interval_s(self.config.heartbeat_timeout_s))
+                writer = LogWriter(self.storage, self.config, txn.schema, claim.instant, token,
+                                   self.max_log_file_bytes, on_progress=beat)
+            writer.write(prepare(rows, self.config, txn.schema, txn.operation, claim.instant))
+        if writer is None:
+            return NbccStreamCommitMessage(stream_id)
+        return NbccStreamCommitMessage(stream_id, claim.instant, writer.close())
+
+    def commit(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
+        written = [m for m in messages if m is not None and m.instant]
+        if not written:
+            return  # no task had a row: an empty micro-batch makes no commit
+        instants = sorted({m.instant for m in written})
+        if len(instants) > 1:
+            raise CommitError(
+                f"the tasks of streaming batch {batchId} wrote into different instants {instants}: one "
+                "was rolled back while the batch ran. The batch is aborted; restarting the query "
+                "writes it again")
+        files = [f for m in written for f in m.files]
+        completion = commit_batch(self.template, written[0].stream_id, batchId, instants[0], files)
+        if completion is None:
+            log.info("streaming batch %s of stream %s was committed before (instant %s): skipped",
+                     batchId, written[0].stream_id, instants[0])
+            return
+        every, inline = self.compaction_trigger
+        maybe_compact(self.storage, self.config, self.template.clock, every, inline)
+
+    def abort(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
+        written = [m for m in messages if m is not None and m.instant and not m.committed_before]
+        for instant in sorted({m.instant for m in written}):
+            files = [f for m in written if m.instant == instant for f in m.files]
+            # Never undoes a completed instant (rollback checks under the table lock).
+            rollback_instant(self.storage, self.template.clock, instant, self.template.partition_depth, files,
+                             reason=f"Spark aborted streaming batch {batchId}")
+
+
+# -- source ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _ReadSetup:
+    table: Table
+    begin: str | None
+    limits: Limits
+    include_meta_columns: bool
+    max_partition_bytes: int
+
+
+def _read_setup(options: dict[str, Any]) -> _ReadSetup:
+    uri = _table_uri(options)
+    parsed, storage_options = parse_options(options, STREAM_READ_OPTIONS, "streaming read")
+    begin = parsed.get("begin")
+    table = Table.open(uri, storage_options)
+    initial_offset(table.storage, begin)  # a bad begin fails now, not at the first batch
+    meta = ReadOptions.build(include_meta_columns=parsed.get("include_meta_columns", False)).include_meta_columns
+    limits = Limits(max_commits=parsed.get("max_commits_per_trigger"), max_rows=parsed.get("max_rows_per_trigger"))
+    return _ReadSetup(table, begin, limits, meta, parsed.get("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES))
+
+
+def stream_read_schema(options: dict[str, Any]) -> StructType:
+    """The schema of `spark.readStream.format("nbcc").load(uri)`: the table's current columns
+    (plus the meta columns if asked for). Columns added later are not part of a running stream."""
+    setup = _read_setup(options)
+    read_options = ReadOptions.build(include_meta_columns=setup.include_meta_columns)
+    return _spark_schema(read_schema(setup.table.storage, setup.table.config, read_options))
+
+
+def stream_reader(options: dict[str, Any], schema: StructType) -> "NbccStreamReader":
+    setup = _read_setup(options)
+    return NbccStreamReader(setup.table.uri, setup.table.storage.storage_options, schema, setup.begin,
+                            setup.limits, setup.include_meta_columns, setup.max_partition_bytes)
+
+
+class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of the commits that completed after the last offset, oldest first."""
+
+    def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, begin: str | None,
+                 limits: Limits, include_meta_columns: bool, max_partition_bytes: int):
+        self.uri = uri
+        self.storage_options = storage_options
+        self.schema = schema
+        self.begin = begin
+        self.limits = limits
+        self.include_meta_columns = include_meta_columns
+        self.max_partition_bytes = max_partition_bytes
+        self.target: str | None = None  # Trigger.AvailableNow: read nothing that completed later
+
+    def _storage(self) -> Storage:
+        return Storage(self.uri, self.storage_options)
+
+    def initialOffset(self) -> dict:
+        return {OFFSET_KEY: initial_offset(self._storage(), self.begin)}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        # Spark knows only its own limit types; it hands the limit back to latestOffset, which
+        # applies both options whatever the type (a commit counts as one "file").
+        if self.limits.max_rows is not None:
+            return ReadMaxRows(self.limits.max_rows)
+        if self.limits.max_commits is not None:
+            return ReadMaxFiles(self.limits.max_commits)
+        return ReadAllAvailable()
+
+    def _limits(self, limit: ReadLimit) -> Limits:
+        if isinstance(limit, ReadAllAvailable):  # e.g. Trigger.Once: Spark asks for everything
+            return Limits()
+        commits, rows = self.limits.max_commits, self.limits.max_rows
+        if isinstance(limit, ReadMaxFiles):
+            commits = min(commits or limit.max_files, limit.max_files)
+        if isinstance(limit, ReadMaxRows):
+            rows = min(rows or limit.max_rows, limit.max_rows)
+        return Limits(commits, rows, limit.max_bytes if isinstance(limit, ReadMaxBytes) else None,
+                      limit.min_rows if isinstance(limit, ReadMinRows) else None)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return {OFFSET_KEY: next_offset(self._storage(), _offset(start), self._limits(limit), self.target)}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self.target = latest_data_completion(self._storage())
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        begin, until = _offset(start), _offset(end)
+        if begin >= until:
+            return []
+        table = Table.open(self.uri, self.storage_options)
+        plan = plan_range(table.storage, table.config, begin, until, self.include_meta_columns)
+        shared = replace(plan, tasks=[])
+        return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        yield from NbccReader(self.uri, self.storage_options, self.schema, ReadOptions(),
+                              self.max_partition_bytes).read(partition)
+
+
+def _offset(offset: dict | None) -> str:
+    value = (offset or {}).get(OFFSET_KEY)
+    if not isinstance(value, str) or len(value) != 17 or not value.isdigit():
+        raise InvalidOptionError(f"not an nbcc stream offset: {offset!r} (expected {{'{OFFSET_KEY}': <17-digit time>}})")
+    return value
+

@@ -1,0 +1,558 @@
+"""Structured streaming: the nbcc sink (one commit per micro-batch, exactly once across replays,
+crashes and concurrent queries) and the nbcc source (offsets are completion times)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyspark.errors import StreamingQueryException
+
+import nbcc
+from nbcc.errors import InvalidOptionError
+from nbcc.filenames import make_token
+from nbcc.stream import KEEP_CLAIMS, check_owner, check_stream_id, claim_batch, commit_batch, prune_claims
+from nbcc.stream import write_template
+from nbcc.timeline import create_requested
+from nbcc.writer import prepare
+
+ROOT = Path(__file__).resolve().parents[1]
+IN_SCHEMA = "id long, v string, ts long"
+ARROW_SCHEMA = pa.schema([("id", pa.int64()), ("v", pa.string()), ("ts", pa.int64())])
+TIMEOUT_S = 300
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+def _rows(ids, v, ts=1):
+    ids = list(ids)
+    return pa.table({"id": ids, "v": [f"{v}{i}" for i in ids], "ts": [ts] * len(ids)}, schema=ARROW_SCHEMA)
+
+
+def _inputs(folder: Path, tables: list[pa.Table]) -> Path:
+    """One Parquet file per table, with increasing modification times: Spark's file source takes
+    them in that order, one per micro-batch with maxFilesPerTrigger=1."""
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.time() - 1000
+    for n, t in enumerate(tables):
+        path = folder / f"part-{n:03d}.parquet"
+        pq.write_table(t, path)
+        os.utime(path, (start + n, start + n))
+    return folder
+
+
+def _file_stream(spark, folder: Path):
+    return spark.readStream.schema(IN_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
+
+
+def _sink(df, uri: str, checkpoint: Path, **options):
+    w = df.writeStream.format("nbcc").option("checkpointLocation", str(checkpoint))
+    for k, v in {"record_key": "id", "ordering_field": "ts", "buckets": "4", **options}.items():
+        w = w.option(k, v)
+    return w.trigger(availableNow=True).start(uri)
+
+
+def _run(query) -> None:
+    query.awaitTermination(TIMEOUT_S)
+    assert not query.isActive, "the streaming query did not finish in time"
+    if query.exception() is not None:
+        raise query.exception()
+
+
+def _data_commits(uri: str) -> list[dict]:
+    """The completed data commits' metadata, read from the timeline files, in completion order."""
+    folder = Path(uri) / ".nbcc" / "timeline"
+    out = []
+    for name in os.listdir(folder):
+        times, _, action = name.partition(".")
+        if action in ("deltacommit", "replacecommit") and "_" in times:
+            meta = json.loads((folder / name).read_text())
+            out.append({**meta, "completion": times.split("_")[1]})
+    return sorted(out, key=lambda m: m["completion"])
+
+
+def _spark_commits(checkpoint: Path) -> list[int]:
+    """The batch ids Spark recorded as committed in its checkpoint."""
+    return sorted(int(n) for n in os.listdir(checkpoint / "commits") if n.isdigit())
+
+
+def _offset(checkpoint: Path, batch_id: int) -> dict:
+    """The source offset Spark recorded for the end of a micro-batch."""
+    return json.loads((checkpoint / "offsets" / str(batch_id)).read_text().splitlines()[-1])
+
+
+def _ids(table: pa.Table) -> list[int]:
+    return sorted(table.column("id").to_pylist())
+
+
+def _collecting_stream(spark, uri: str, checkpoint: Path, *, available_now: bool = True, **options):
+    """A stream from the nbcc source whose micro-batches are collected as (batch id, sorted ids)."""
+    batches: list[tuple[int, list[int]]] = []
+    reader = spark.readStream.format("nbcc")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+
+    def collect(df, batch_id):
+        batches.append((batch_id, sorted(r.id for r in df.select("id").collect())))
+
+    w = reader.load(uri).writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
+    # Without availableNow: poll twice a second (the default polls in a tight loop).
+    w = w.trigger(availableNow=True) if available_now else w.trigger(processingTime="0.5 seconds")
+    return w.start(), batches
+
+
+# -- sink ----------------------------------------------------------------------------------------
+
+def test_each_micro_batch_is_one_commit_with_its_stream_and_batch_id(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    inputs = _inputs(tmp_path / "in", [
+        _rows(range(0, 10), "a"),
+        _rows(range(10, 20), "a"),
+        _rows(range(0, 0), "a"),  # an empty micro-batch: no commit
+        _rows(range(5, 15), "b", ts=2),  # updates 5..14
+    ])
+    # Several tasks per micro-batch: they share one instant.
+    query = _sink(_file_stream(spark, inputs).repartition(3), uri, tmp_path / "ckpt")
+    _run(query)
+
+    commits = _data_commits(uri)
+    assert [(c["action"], c["stream_id"], c["batch_id"], c["rows"]) for c in commits] == [
+        ("deltacommit", query.id, 0, 10), ("deltacommit", query.id, 1, 10), ("deltacommit", query.id, 3, 10)]
+    assert len({f["name"].rsplit("_", 1)[1].split("-")[0] for f in commits[0]["files"]}) > 1, \
+        "expected the files of several tasks in one commit"
+    assert _spark_commits(tmp_path / "ckpt") == [0, 1, 2, 3]
+    got = nbcc.Table.open(uri).read().sort_by("id").to_pylist()
+    expected = [{"id": i, "v": f"{'b' if 5 <= i < 15 else 'a'}{i}", "ts": 2 if 5 <= i < 15 else 1}
+                for i in range(20)]
+    assert got == expected
+
+
+def test_a_replayed_batch_that_was_committed_is_skipped(spark, tmp_path):
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 5), "a"), _rows(range(5, 10), "a")])
+    _run(_sink(_file_stream(spark, inputs), uri, ckpt))
+    before = _data_commits(uri)
+    assert [c["batch_id"] for c in before] == [0, 1]
+
+    # Spark forgets that it committed batch 1 and replays it (same batch id, same data).
+    (ckpt / "commits" / "1").unlink()
+    (ckpt / "commits" / ".1.crc").unlink(missing_ok=True)  # Hadoop's checksum of it
+    _run(_sink(_file_stream(spark, inputs), uri, ckpt))
+
+    assert (ckpt / "commits" / "1").exists(), "Spark did not replay batch 1"
+    assert _data_commits(uri) == before
+    assert _ids(nbcc.Table.open(uri).read()) == list(range(10))
+
+
+KILLABLE = '''
+"""An nbcc sink that freezes in the commit of one micro-batch (before or after the nbcc commit),
+after writing a marker file, so that a test can SIGKILL the whole application right there."""
+import os
+import time
+
+from pyspark_nbcc import DefaultSource
+from pyspark_nbcc.streaming import NbccStreamWriter
+
+KILL_AT, KILL_BATCH, MARKER = os.environ["KILL_AT"], int(os.environ["KILL_BATCH"]), os.environ["MARKER"]
+
+
+class FreezingWriter(NbccStreamWriter):
+    def commit(self, messages, batchId):
+        if batchId == KILL_BATCH and KILL_AT == "before_commit":
+            self._freeze(messages)
+        super().commit(messages, batchId)
+        if batchId == KILL_BATCH and KILL_AT == "after_commit":
+            self._freeze(messages)
+
+    def _freeze(self, messages):
+        with open(MARKER + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(MARKER + ".tmp", MARKER)
+        deadline = time.monotonic() + 120  # never outlive the test by much, even if orphaned
+        while time.monotonic() < deadline:
+            time.sleep(0.1)
+        os._exit(1)
+
+
+class FreezingSource(DefaultSource):
+    @classmethod
+    def name(cls):
+        return "nbcc_freezing"
+
+    def streamWriter(self, schema, overwrite):
+        w = super().streamWriter(schema, overwrite)
+        return FreezingWriter(w.config, w.template, w.stream_id, w.max_log_file_bytes, w.compaction_trigger)
+'''
+
+CHILD = '''
+import sys
+from pyspark.sql import SparkSession
+from freezing_sink import FreezingSource
+
+inputs, checkpoint, uri = sys.argv[1:4]
+spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+spark.dataSource.register(FreezingSource)
+df = spark.readStream.schema("id long, v string, ts long").option("maxFilesPerTrigger", 1).parquet(inputs)
+(df.repartition(2).writeStream.format("nbcc_freezing").option("checkpointLocation", checkpoint)
+   .option("record_key", "id").option("ordering_field", "ts").option("buckets", "4")
+   .trigger(availableNow=True).start(uri).awaitTermination())
+'''
+
+
+def _run_child_until_frozen(tmp_path: Path, inputs: Path, ckpt: Path, uri: str, kill_at: str, batch: int) -> None:
+    """Run a streaming query in a child process until its sink freezes in the commit of `batch`,
+    then SIGKILL the child and everything it started (its JVM and Python workers)."""
+    (tmp_path / "freezing_sink.py").write_text(KILLABLE)
+    (tmp_path / "child.py").write_text(CHILD)
+    marker = tmp_path / "frozen"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+           "KILL_AT": kill_at, "KILL_BATCH": str(batch), "MARKER": str(marker)}
+    with open(tmp_path / "child.log", "wb") as logfile:
+        child = subprocess.Popen([sys.executable, str(tmp_path / "child.py"), str(inputs), str(ckpt), uri],
+                                 env=env, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not marker.exists():
+            assert child.poll() is None, (
+                f"the child exited before freezing:\n{(tmp_path / 'child.log').read_text()[-3000:]}")
+            assert time.monotonic() < deadline, "the child did not reach the freezing point in time"
+            time.sleep(0.2)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the child's own session: its JVM and workers
+        child.wait(timeout=60)
+        if marker.exists():  # the committing worker runs in Spark's daemon's process group
+            try:
+                os.kill(int(marker.read_text()), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_killed_between_the_sink_commit_and_sparks_checkpoint_each_row_lands_once(spark, tmp_path):
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 10), "a"), _rows(range(10, 20), "a"),
+                                       _rows(range(20, 30), "a")])
+    _run_child_until_frozen(tmp_path, inputs, ckpt, uri, "after_commit", batch=1)
+
+    # Killed right after nbcc committed batch 1 and before Spark recorded it.
+    assert [c["batch_id"] for c in _data_commits(uri)] == [0, 1]
+    assert not (ckpt / "commits" / "1").exists()
+    stream_id = _data_commits(uri)[0]["stream_id"]
+
+    _run(_sink(_file_stream(spark, inputs).repartition(2), uri, ckpt))  # restart: Spark replays batch 1
+
+    commits = _data_commits(uri)
+    assert [(c["stream_id"], c["batch_id"], c["rows"]) for c in commits] == [
+        (stream_id, 0, 10), (stream_id, 1, 10), (stream_id, 2, 10)]
+    assert (ckpt / "commits" / "1").exists() and (ckpt / "commits" / "2").exists()
+    got = nbcc.Table.open(uri).read(include_meta_columns=True)
+    assert _ids(got) == list(range(30))
+    assert sorted(set(got.column("_nbcc_commit_time").to_pylist())) == sorted(c["instant"] for c in commits)
+
+
+def test_a_batch_killed_before_its_commit_is_committed_once_when_replayed(spark, tmp_path):
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 10), "a"), _rows(range(10, 20), "a"),
+                                       _rows(range(20, 30), "a")])
+    _run_child_until_frozen(tmp_path, inputs, ckpt, uri, "before_commit", batch=1)
+
+    # Batch 1's tasks wrote their files into a pending instant; nothing of it is visible.
+    table = nbcc.Table.open(uri)
+    pending = [i.instant for i in table.timeline() if i.state in ("requested", "inflight")]
+    assert len(pending) == 1
+    written_before = {n for n in os.listdir(uri) if pending[0] in n}
+    assert written_before
+    assert _ids(table.read()) == list(range(10))
+
+    _run(_sink(_file_stream(spark, inputs).repartition(2), uri, ckpt))  # replays batch 1
+
+    commits = _data_commits(uri)
+    assert [(c["batch_id"], c["rows"]) for c in commits] == [(0, 10), (1, 10), (2, 10)]
+    assert commits[1]["instant"] == pending[0], "the replay re-commits the batch's pending instant"
+    assert _ids(nbcc.Table.open(uri).read()) == list(range(30))
+    # The killed run's files are not part of the commit; the cleaner deletes them as orphans.
+    committed = {f["name"] for f in commits[1]["files"]}
+    assert not committed & written_before
+    nbcc.Table.open(uri).clean()
+    assert {n for n in os.listdir(uri) if pending[0] in n} == committed
+    assert _ids(nbcc.Table.open(uri).read()) == list(range(30))
+
+
+def test_two_streaming_queries_write_one_table_at_once(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, ARROW_SCHEMA, "id", ordering_field="ts", buckets=4)
+    a = _inputs(tmp_path / "a", [_rows(range(i * 10, i * 10 + 10), "a") for i in range(3)])
+    b = _inputs(tmp_path / "b", [_rows(range(100 + i * 10, 110 + i * 10), "b") for i in range(3)])
+    qa = _sink(_file_stream(spark, a), uri, tmp_path / "ckpt-a")
+    qb = _sink(_file_stream(spark, b), uri, tmp_path / "ckpt-b")
+    _run(qa)
+    _run(qb)
+
+    commits = _data_commits(uri)
+    assert sorted(c["batch_id"] for c in commits if c["stream_id"] == qa.id) == [0, 1, 2]
+    assert sorted(c["batch_id"] for c in commits if c["stream_id"] == qb.id) == [0, 1, 2]
+    assert len(commits) == 6
+    assert _ids(nbcc.Table.open(uri).read()) == list(range(30)) + list(range(100, 130))
+
+
+def test_complete_output_mode_replaces_the_table_each_micro_batch(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    uri = str(tmp_path / "t")
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 4), "a"), _rows(range(4, 6), "b"), _rows(range(6, 9), "a")])
+    totals = (_file_stream(spark, inputs).groupBy(F.substring("v", 1, 1).alias("letter"))
+              .agg(F.count("*").alias("n")))
+    query = (totals.writeStream.outputMode("complete").format("nbcc").option("record_key", "letter")
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start(uri))
+    _run(query)
+    assert [(c["action"], c["batch_id"]) for c in _data_commits(uri)] == [
+        ("replacecommit", 0), ("replacecommit", 1), ("replacecommit", 2)]
+    assert sorted((r["letter"], r["n"]) for r in nbcc.Table.open(uri).read().to_pylist()) == [("a", 7), ("b", 2)]
+
+
+def test_stream_id_option_names_the_stream_and_belongs_to_one_query(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 5), "a")])
+    _run(_sink(_file_stream(spark, inputs), uri, tmp_path / "ckpt", stream_id="orders_ingest.v2"))
+    assert [(c["stream_id"], c["batch_id"]) for c in _data_commits(uri)] == [("orders_ingest.v2", 0)]
+
+    # A new checkpoint starts at batch 0 again: with the same stream_id its batches would be
+    # taken for replays and skipped. It fails instead, and writes nothing.
+    more = _inputs(tmp_path / "in2", [_rows(range(5, 10), "a")])
+    with pytest.raises(StreamingQueryException, match="belongs to another streaming query"):
+        _run(_sink(_file_stream(spark, more), uri, tmp_path / "ckpt2", stream_id="orders_ingest.v2"))
+    assert len(_data_commits(uri)) == 1
+    assert _ids(nbcc.Table.open(uri).read()) == list(range(5))
+
+
+def test_bad_streaming_write_options_fail_clearly_and_write_nothing(spark, tmp_path):
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 5), "a")])
+    uri = tmp_path / "t"
+    with pytest.raises(StreamingQueryException, match=r"unknown streaming write option\(s\): recordkey.*stream_id"):
+        _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c1", recordkey="id"))
+    with pytest.raises(StreamingQueryException, match=r"stream_id='my/stream' is not a valid stream id"):
+        _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c2", stream_id="my/stream"))
+    assert not uri.exists()
+
+
+# -- sink core: claims (no Spark) --------------------------------------------------------------
+
+def _template(table):
+    return write_template(table, ARROW_SCHEMA, "upsert", overwrite=False)
+
+
+def _write_into(table, template, instant, rows):
+    writer = table.log_writer(dataclasses.replace(template, instant=instant), make_token(0, 0, 0))
+    writer.write(prepare(rows, table.config, template.schema, "upsert", instant))
+    return writer.close()
+
+
+def test_claims_all_tasks_of_a_batch_share_one_instant_and_a_commit_happens_once(tmp_path):
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
+    claims = []
+    threads = [threading.Thread(target=lambda: claims.append(
+        claim_batch(table.storage, table.clock, "s1", 7, "deltacommit"))) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT_S)
+    assert len(claims) == 6 and len({c.instant for c in claims}) == 1
+    instant = claims[0].instant
+    assert [(i.instant, i.state) for i in table.timeline()] == [(instant, "inflight")]
+
+    template = _template(table)
+    files = _write_into(table, template, instant, _rows(range(3), "a"))
+    assert commit_batch(template, "s1", 7, instant, files) is not None
+    assert commit_batch(template, "s1", 7, instant, files) is None  # a replayed commit
+    again = claim_batch(table.storage, table.clock, "s1", 7, "deltacommit")
+    assert again.committed and again.instant == instant  # a replayed batch writes nothing
+    meta = _data_commits(table.uri)
+    assert [(m["instant"], m["stream_id"], m["batch_id"]) for m in meta] == [(instant, "s1", 7)]
+
+
+def test_claims_a_rolled_back_batch_gets_a_new_instant(tmp_path):
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
+    first = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    template = _template(table)
+    _write_into(table, template, first.instant, _rows(range(3), "a"))
+    # The run died; a cleaner finds its heartbeat expired and rolls it back.
+    assert table.rollback_failed_writes(heartbeat_timeout_s=0) == [first.instant]
+
+    second = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    assert (second.attempt, second.committed) == (1, False) and second.instant > first.instant
+    files = _write_into(table, template, second.instant, _rows(range(3), "b"))
+    with pytest.raises(nbcc.CommitError, match="rolled back"):
+        commit_batch(template, "s1", 0, first.instant, [])  # a zombie of the first attempt
+    commit_batch(template, "s1", 0, second.instant, files)
+    states = {i.instant: i.state for i in table.timeline()}
+    assert states == {first.instant: "rolledback", second.instant: "completed"}
+    assert sorted(table.read().column("v").to_pylist()) == ["b0", "b1", "b2"]
+
+
+def test_claims_a_claimant_that_died_mid_begin_is_finished_by_the_next_task(tmp_path):
+    # A claimant publishes `.requested` and the claim under the lock, then dies before the
+    # heartbeat and `.inflight`: the next task of the batch writes into that instant.
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
+    with table.clock.locked() as grant:
+        instant = grant.time
+        create_requested(table.storage, instant, "deltacommit", {})
+        claim = {"stream_id": "s1", "batch_id": 3, "attempt": 0, "instant": instant, "action": "deltacommit"}
+        table.storage.put_if_absent(".nbcc/streams/s1/00000000000000000003.0.json", json.dumps(claim).encode())
+
+    got = claim_batch(table.storage, table.clock, "s1", 3, "deltacommit")
+    assert (got.instant, got.attempt, got.committed) == (instant, 0, False)
+    assert [(i.instant, i.state) for i in table.timeline()] == [(instant, "inflight")]
+
+
+def test_claims_a_claimed_instant_is_pending_for_a_compaction_planned_after_it(tmp_path):
+    # The claim issues and publishes its instant under one lock hold, like any write: a
+    # compaction planned later names it as the earliest write that may still complete.
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
+    table.write(_rows(range(3), "a"))
+    claim = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    tc = table.schedule_compaction()
+    plan = json.loads(table.storage.read_bytes(f".nbcc/timeline/{tc}.compaction.requested"))
+    assert plan["earliest_pending"] == claim.instant
+
+
+def test_claims_stream_ids_and_owners_are_checked_and_old_claims_pruned(tmp_path):
+    for bad in ["", "a/b", "../x", ".hidden", "x" * 129, "sp ace"]:
+        with pytest.raises(InvalidOptionError, match="not a valid stream id"):
+            check_stream_id(bad)
+    assert check_stream_id(" orders-1.v2_x ") == "orders-1.v2_x"
+
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id")
+    check_owner(table.storage, "named", "query-1")
+    check_owner(table.storage, "named", "query-1")
+    with pytest.raises(InvalidOptionError, match="belongs to another streaming query"):
+        check_owner(table.storage, "named", "query-2")
+
+    for b in range(KEEP_CLAIMS + 5):
+        table.storage.put_if_absent(f".nbcc/streams/s1/{b:020d}.0.json", b"{}")
+    prune_claims(table.storage, "s1", KEEP_CLAIMS + 4)
+    left = sorted(int(n.split(".")[0]) for n in os.listdir(Path(table.uri) / ".nbcc/streams/s1"))
+    assert left == list(range(5, KEEP_CLAIMS + 5))
+
+
+# -- source --------------------------------------------------------------------------------------
+
+def _table_with_commits(uri: str, *id_ranges) -> tuple[nbcc.Table, list[str]]:
+    """A table with one commit per id range; the completion times of those commits."""
+    table = nbcc.Table.create(uri, ARROW_SCHEMA, "id", ordering_field="ts", buckets=4)
+    for r in id_ranges:
+        table.write(_rows(r, "a"))
+    return table, [i.completion for i in table.timeline()]
+
+
+def test_source_offsets_are_completion_times_so_a_late_commit_is_not_missed(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 5))
+    late = table.begin_write(ARROW_SCHEMA)  # takes its instant now ...
+    writer = table.log_writer(late, make_token(0, 0, 0))
+    writer.write(prepare(_rows(range(100, 105), "late"), table.config, late.schema, "upsert", late.instant))
+    table.write(_rows(range(5, 10), "a"))  # ... a later instant completes first
+
+    query, batches = _collecting_stream(spark, uri, tmp_path / "ckpt")
+    _run(query)
+    assert batches == [(0, list(range(10)))]
+
+    late.commit(writer.close())  # ... and the older instant completes last
+    query, batches = _collecting_stream(spark, uri, tmp_path / "ckpt")
+    _run(query)
+    assert batches == [(1, list(range(100, 105)))]
+    assert _offset(tmp_path / "ckpt", 1) == {
+        "completion": [i.completion for i in table.timeline() if i.instant == late.instant][0]}
+
+
+def test_source_begin_earliest_a_time_or_latest(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table, completions = _table_with_commits(uri, range(0, 5), range(5, 10), range(10, 15))
+
+    query, batches = _collecting_stream(spark, uri, tmp_path / "c-earliest")
+    _run(query)
+    assert [ids for _, ids in batches] == [list(range(15))]
+
+    query, batches = _collecting_stream(spark, uri, tmp_path / "c-time", begin=completions[0])
+    _run(query)
+    assert [ids for _, ids in batches] == [list(range(5, 15))]  # begin is exclusive
+
+    query, batches = _collecting_stream(spark, uri, tmp_path / "c-latest", available_now=False, begin="latest")
+    try:
+        query.processAllAvailable()
+        assert [ids for _, ids in batches if ids] == []
+        # Spark records where the stream starts (an empty first batch), so a restart keeps it.
+        assert _offset(tmp_path / "c-latest", 0) == {"completion": completions[-1]}
+        table.write(_rows(range(15, 20), "a"))
+        query.processAllAvailable()
+        assert [ids for _, ids in batches if ids] == [list(range(15, 20))]
+    finally:
+        query.stop()
+
+
+def test_source_admission_control_and_restart_without_gaps_or_repeats(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 5), range(5, 10), range(10, 15), range(15, 20), range(20, 40))
+
+    query, batches = _collecting_stream(spark, uri, tmp_path / "c-commits", max_commits_per_trigger=2)
+    _run(query)
+    assert batches == [(0, list(range(10))), (1, list(range(10, 20))), (2, list(range(20, 40)))]
+
+    # At most 15 rows per batch; the 20-row commit exceeds it alone and is still read.
+    query, batches = _collecting_stream(spark, uri, tmp_path / "c-rows", max_rows_per_trigger=15)
+    _run(query)
+    assert batches == [(0, list(range(15))), (1, list(range(15, 20))), (2, list(range(20, 40)))]
+
+    # A restart from the checkpoint goes on after the last batch: nothing twice, nothing left out.
+    table.write(_rows(range(40, 45), "a"))
+    table.write(_rows(range(0, 3), "b", ts=2))  # an update of keys read before
+    query, batches = _collecting_stream(spark, uri, tmp_path / "c-commits", max_commits_per_trigger=2)
+    _run(query)
+    assert batches == [(3, [0, 1, 2] + list(range(40, 45)))]
+
+
+def test_source_from_earliest_after_a_clean_and_an_offset_behind_the_cleaner(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 5))
+    query, batches = _collecting_stream(spark, uri, tmp_path / "behind")
+    _run(query)
+    assert batches == [(0, list(range(5)))]
+
+    table.write(_rows(range(0, 5), "b", ts=2))
+    table.compact()
+    table.write(_rows(range(5, 10), "a"))
+    assert table.clean(retain_commits=1)["deleted"]  # the first two commits' files
+
+    # A new stream from the beginning starts with the table as it is.
+    got = []
+    query = (spark.readStream.format("nbcc").load(uri).writeStream
+             .foreachBatch(lambda df, _: got.extend((r.id, r.v) for r in df.collect()))
+             .option("checkpointLocation", str(tmp_path / "fresh")).trigger(availableNow=True).start())
+    _run(query)
+    assert sorted(got) == [(i, f"b{i}") for i in range(5)] + [(i, f"a{i}") for i in range(5, 10)]
+
+    # The first stream's offset is before the window the cleaner kept: it fails, and says why.
+    query, batches = _collecting_stream(spark, uri, tmp_path / "behind")
+    with pytest.raises(StreamingQueryException, match="before the oldest retained commit"):
+        _run(query)
+
+
+def test_source_options_are_checked(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    _table_with_commits(uri, range(0, 5))
+    with pytest.raises(Exception, match=r"unknown streaming read option\(s\): max_comits_per_trigger.*max_commits_per_trigger"):
+        spark.readStream.format("nbcc").option("max_comits_per_trigger", 1).load(uri)
+    with pytest.raises(Exception, match="begin='yesterday' is not a time"):
+        spark.readStream.format("nbcc").option("begin", "yesterday").load(uri)
+    with pytest.raises(Exception, match="max_rows_per_trigger.*positive integer"):
+        spark.readStream.format("nbcc").option("max_rows_per_trigger", "0").load(uri)
