@@ -19,12 +19,12 @@ import random
 from typing import Any, Callable
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .clock import TimeGenerator
 from .config import TableConfig
 from .errors import CommitError, InvalidOptionError
 from .filenames import base_file_name, make_token
+from .metadata_table import index_commit
 from .reader import iter_files
 from .scan import slices_by_group, table_view
 from .expr import supported_type
@@ -40,7 +40,7 @@ from .timeline import (
     create_completed,
     read_compaction_plan,
 )
-from .writer import COMPRESSION, ROW_GROUP_ROWS, update_stats
+from .writer import ROW_GROUP_ROWS, parquet_writer, update_stats
 
 
 def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator) -> str | None:
@@ -93,7 +93,7 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
     stat_columns = [f.name for f in schema if supported_type(f.type)]
     rows, live = 0, True
     with storage.open_write(rel) as sink:
-        with pq.ParquetWriter(sink, fschema, compression=COMPRESSION) as out:
+        with parquet_writer(sink, fschema) as out:
             # Pieces have disjoint keys (reader.py), so "one live row per key" holds for the file
             # when it holds for every piece.
             for piece in iter_files(storage, config, schema, operation["partition"], files, compact=True,
@@ -123,11 +123,15 @@ def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: 
         with clock.locked() as grant:
             grant.check()
             create_completed(storage, tc, grant.time, COMPACTION_COMMIT, metadata)
-            return grant.time
+            completion = grant.time
     except CommitError:
         if Timeline.load(storage).get(tc).is_completed:
             return None
         raise
+    # Indexed after completing: several executions may run one plan, and only the one that
+    # completed it knows its base files are the instant's (format.md §18.4).
+    index_commit(storage, metadata)
+    return completion
 
 
 def execution_token() -> str:

@@ -176,7 +176,8 @@ def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Seq
                 for batch in f.batches(fschema.names):
                     batch = _aligned(batch, fschema)
                     ids = _piece_ids(batch, record_key, pieces)
-                    order = np.argsort(ids, kind="stable")  # stable: rows keep their file order
+                    # stable: rows keep their file order (and a radix sort on 16-bit ids)
+                    order = np.argsort(ids.astype(np.int16 if pieces < 2**15 else np.int64), kind="stable")
                     grouped = batch.take(order)
                     ends = np.cumsum(np.bincount(ids.astype(np.int64), minlength=pieces))
                     start = 0

