@@ -1,15 +1,21 @@
 """Storage: put-if-absent (the one primitive every metadata change is built on), listings and
-deletes, on memory://, local disk and the moto S3 server."""
+deletes, on memory://, local disk and the moto S3 server; and the retries of transient errors,
+with faults injected under the Storage logic (tests/faults.py)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 
+import botocore.exceptions
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
+from faults import AFTER, BEFORE, FaultyStorage
 from nbcc.errors import StorageError
-from nbcc.storage import Storage
+from nbcc.storage import Storage, is_transient
 
 
 @pytest.fixture(params=["memory", "local", "s3"])
@@ -162,3 +168,215 @@ def test_a_crashed_writers_leftover_temporary_file_is_not_listed(tmp_path, monke
     # The name it was meant for is still free.
     assert st.put_if_absent("meta/other.json", b"z") is True
     assert sorted(st.list_names("meta")) == ["other.json", "real.json"]
+
+
+# -- retries of transient errors (the storage fails under nbcc's Storage logic: tests/faults.py) --
+
+@pytest.fixture(params=["memory", "local", "s3"])
+def faulty(request, memory_uri, tmp_path):
+    if request.param == "memory":
+        return FaultyStorage(memory_uri)
+    if request.param == "local":
+        return FaultyStorage(str(tmp_path / "table"))
+    uri, opts = request.getfixturevalue("s3_table")
+    return FaultyStorage(uri, opts)
+
+
+def plain(st: Storage) -> Storage:
+    """The same storage without faults: what another process sees."""
+    return Storage(st.uri, st.storage_options)
+
+
+def test_a_put_whose_reply_was_lost_is_recognised_as_its_own(faulty):
+    # The file was created, then the caller saw a timeout; the retry finds the name taken. It is
+    # our own content, so the put succeeded (answering False would make a writer give up a lock
+    # state, an instant or a table that it did create).
+    faulty.faults.plan("put", AFTER)
+    assert faulty.put_if_absent("meta/a.json", b'{"mine": 1}') is True
+    assert faulty.faults.calls["put"] == 2
+    assert plain(faulty).read_bytes("meta/a.json") == b'{"mine": 1}'
+    assert plain(faulty).list_names("meta") == ["a.json"]
+    # Asked again without any fault, the name is taken: False, as always.
+    assert faulty.put_if_absent("meta/a.json", b'{"mine": 1}') is False
+
+
+@pytest.mark.parametrize("when", [BEFORE, AFTER])
+def test_a_failed_put_that_finds_another_writers_file_is_refused(faulty, when):
+    assert plain(faulty).put_if_absent("meta/a.json", b"theirs") is True
+    faulty.faults.plan("put", when)  # failed, then the retry finds the name taken
+    assert faulty.put_if_absent("meta/a.json", b"mine") is False
+    assert faulty.faults.calls["put"] == 2
+    assert plain(faulty).read_bytes("meta/a.json") == b"theirs"
+
+
+def test_a_put_refused_by_a_conditional_conflict_never_claims_an_equal_file(memory_uri):
+    # S3's 409 ConditionalRequestConflict is a refusal, not a lost reply: after it, a file with
+    # the same bytes was written by someone else (here: the same content on purpose).
+    st = FaultyStorage(memory_uri)
+    assert plain(st).put_if_absent("lock/1.json", b"same") is True
+    st.faults.plan("put", OSError(errno.EBUSY, "An error occurred (ConditionalRequestConflict) (409)"))
+    assert st.put_if_absent("lock/1.json", b"same") is False
+    assert st.faults.calls["put"] == 2
+
+
+def test_a_put_whose_name_is_freed_again_puts_again(memory_uri):
+    # Lost reply, then the name is taken and deleted again before the retry reads it (a lock
+    # state collected in between): the put is made again and creates the file.
+    st = FaultyStorage(memory_uri)
+    st.faults.plan("put", AFTER, None)
+    st.faults.plan("read", FileNotFoundError("collected"))
+    assert st.put_if_absent("lock/1.json", b"mine") is True
+    assert st.faults.calls["put"] == 3
+    assert plain(st).read_bytes("lock/1.json") == b"mine"
+
+
+@pytest.mark.parametrize("op, call", [
+    ("read", lambda st: st.read_bytes("meta/a.json")),
+    ("list", lambda st: st.list_names("meta")),
+    ("exists", lambda st: st.exists("meta/a.json")),
+    ("delete", lambda st: st.delete("meta/a.json")),
+    ("put", lambda st: st.put_if_absent("meta/b.json", b"b")),
+    ("replace", lambda st: st.replace("meta/a.json", b"new")),
+])
+def test_errors_that_asking_again_cannot_fix_are_not_retried(faulty, op, call):
+    faulty.put_if_absent("meta/a.json", b"a")
+    calls = faulty.faults.calls[op]
+    faulty.faults.plan(op, PermissionError(errno.EACCES, "Access Denied"))
+    with pytest.raises(PermissionError, match="Access Denied"):
+        call(faulty)
+    assert faulty.faults.calls[op] == calls + 1
+    assert sorted(plain(faulty).list_names("meta")) == ["a.json"]
+    assert plain(faulty).read_bytes("meta/a.json") == b"a"
+
+
+def test_a_missing_file_is_reported_at_once_not_retried(faulty):
+    with pytest.raises(FileNotFoundError):
+        faulty.read_bytes("meta/none.json")
+    assert faulty.faults.calls["read"] == 1
+    faulty.delete("meta/none.json")  # a missing file is fine for a delete
+    assert faulty.faults.calls["delete"] == 1
+
+
+def test_transient_errors_are_retried_until_the_operation_succeeds(faulty):
+    st = faulty
+    st.faults.plan("put", BEFORE, BEFORE)
+    assert st.put_if_absent("meta/a.json", b"a") is True
+    st.faults.plan("read", BEFORE, BEFORE)
+    assert st.read_bytes("meta/a.json") == b"a"
+    st.faults.plan("list", BEFORE)
+    assert st.list_names("meta") == ["a.json"]
+    st.faults.plan("exists", BEFORE)
+    assert st.exists("meta/a.json")
+    st.faults.plan("replace", AFTER, BEFORE)  # replaced, reply lost; then a failure; then again
+    st.replace("meta/h.json", b"beat")
+    assert plain(st).read_bytes("meta/h.json") == b"beat"
+    st.faults.plan("delete", AFTER)  # deleted, reply lost: the retry finds it gone
+    st.delete("meta/a.json")
+    assert plain(st).list_names("meta") == ["h.json"]
+    assert sum(st.faults.injected.values()) == 9
+    assert st.faults.calls == {"put": 3, "read": 3, "list": 2, "exists": 2, "replace": 3, "delete": 2}
+    if st.is_local:  # no temporary file of a failed attempt is left behind
+        assert sorted(os.listdir(os.path.join(st.root, "meta"))) == ["h.json"]
+
+
+@pytest.mark.parametrize("op, call", [
+    ("read", lambda st: st.read_bytes("meta/a.json")),
+    ("list", lambda st: st.list_names("meta")),
+    ("delete", lambda st: st.delete("meta/a.json")),
+    ("replace", lambda st: st.replace("meta/a.json", b"new")),
+])
+def test_a_storage_error_after_the_last_attempt_names_the_operation_and_the_path(memory_uri, op, call):
+    st = FaultyStorage(memory_uri)
+    st.put_if_absent("meta/a.json", b"a")
+    st.faults.plan(op, *[BEFORE] * st.RETRY_ATTEMPTS)
+    calls = st.faults.calls[op]
+    with pytest.raises(StorageError) as info:
+        call(st)
+    text = str(info.value)
+    assert f"{op} " in text and st.full_path("meta") in text and f"{st.RETRY_ATTEMPTS} times" in text
+    assert isinstance(info.value.__cause__, OSError) and "injected fault" in str(info.value.__cause__)
+    assert st.faults.calls[op] == calls + st.RETRY_ATTEMPTS
+    # The next call, with the storage back, works.
+    call(st)
+
+
+def test_a_put_that_runs_out_of_attempts_says_it_may_have_created_the_file(memory_uri):
+    st = FaultyStorage(memory_uri)
+    st.faults.plan("put", AFTER, BEFORE, BEFORE)
+    with pytest.raises(StorageError, match="may have created") as info:
+        st.put_if_absent("meta/c.json", b"c")
+    assert st.full_path("meta/c.json") in str(info.value)
+    assert plain(st).read_bytes("meta/c.json") == b"c"  # it had: the first attempt did
+    # Any timeout may have come after the write (the caller cannot tell); only refusals are
+    # certain to have changed nothing, and then the error does not say so.
+    conflict = OSError(errno.EBUSY, "An error occurred (ConditionalRequestConflict) (409)")
+    st.faults.plan("put", *[conflict] * st.RETRY_ATTEMPTS)
+    with pytest.raises(StorageError) as info:
+        st.put_if_absent("meta/d.json", b"d")
+    assert "may have created" not in str(info.value)
+    assert not plain(st).exists("meta/d.json")
+
+
+def test_the_default_policy_retries_six_times(memory_uri):
+    class Quick(FaultyStorage):
+        RETRY_ATTEMPTS = Storage.RETRY_ATTEMPTS
+
+    st = Quick(memory_uri)
+    st.faults.plan("read", *[BEFORE] * 5)
+    st.put_if_absent("a", b"a")
+    assert st.read_bytes("a") == b"a"
+    assert st.faults.calls["read"] == 6 == Storage.RETRY_ATTEMPTS
+
+
+@pytest.mark.parametrize("exc, transient", [
+    (ConnectionResetError(errno.ECONNRESET, "reset"), True),
+    (TimeoutError("timed out"), True),
+    (OSError(errno.EBUSY, "SlowDown"), True),  # s3fs: 503
+    (OSError(errno.EREMOTEIO, "InternalError"), True),  # s3fs: 500
+    (OSError(errno.EBUSY, "An error occurred (ConditionalRequestConflict)"), True),  # s3fs: 409
+    (botocore.exceptions.EndpointConnectionError(endpoint_url="http://s3"), True),
+    (OSError(errno.EIO, "unknown S3 error or a failing disk"), False),
+    (FileNotFoundError(errno.ENOENT, "gone"), False),
+    (FileExistsError(errno.EEXIST, "taken"), False),
+    (PermissionError(errno.EACCES, "denied"), False),
+    (OSError(errno.ENOSPC, "disk full"), False),
+    (ValueError("bad"), False),
+    (StorageError("already reported"), False),
+])
+def test_which_errors_are_transient(exc, transient):
+    assert is_transient(exc) is transient
+
+
+def test_a_data_file_that_fails_while_written_raises_a_storage_error_naming_it(faulty):
+    faulty.faults.plan("sink", BEFORE)
+    with pytest.raises(StorageError, match="p=1/f.log") as info:
+        with faulty.open_write("p=1/f.log") as sink:
+            sink.write(b"rows")
+    assert "injected fault" in str(info.value.__cause__)
+    faulty.faults.plan("sink", AFTER)  # all of it written, then the upload's reply is lost
+    with pytest.raises(StorageError, match="closing data file .*p=1/g.log"):
+        with faulty.open_write("p=1/g.log") as sink:
+            sink.write(b"rows")
+    # Opening is retried.
+    faulty.faults.plan("open_write", BEFORE, BEFORE)
+    with faulty.open_write("p=1/h.log") as sink:
+        sink.write(b"rows")
+    assert plain(faulty).read_bytes("p=1/h.log") == b"rows"
+
+
+def test_data_file_reads_retry_transient_errors_and_resume_where_they_failed(faulty):
+    data = pa.table({"id": list(range(5000)), "v": [f"value {i}" for i in range(5000)]})
+    with plain(faulty).open_write("data/f.parquet") as sink:
+        pq.write_table(data, sink, row_group_size=1000)
+    fs = faulty.arrow_filesystem()
+    faulty.faults.plan("open_read", BEFORE)
+    faulty.faults.plan("read_data", BEFORE, None, BEFORE, None, None, BEFORE)  # each fails half-way
+    assert pq.read_table(faulty.full_path("data/f.parquet"), filesystem=fs).equals(data)
+    with fs.open_input_file(faulty.full_path("data/f.parquet")) as source:
+        assert pq.ParquetFile(source).read(columns=["v"]).column("v").equals(data.column("v"))
+    assert faulty.faults.injected[("open_read", BEFORE)] == 1
+    assert faulty.faults.injected[("read_data", BEFORE)] == 3
+    # A read that keeps failing ends in a StorageError naming the file.
+    faulty.faults.plan("read_data", *[BEFORE] * faulty.RETRY_ATTEMPTS)
+    with pytest.raises(StorageError, match="read .*data/f.parquet"):
+        pq.read_table(faulty.full_path("data/f.parquet"), filesystem=fs)

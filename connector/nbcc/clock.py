@@ -171,7 +171,9 @@ class TimeGenerator:
 
     def _swap(self, new: LockState) -> bool:
         """Install `new` if the state is still `new.seq - 1`."""
-        data = json.dumps(asdict(new)).encode()
+        # The nonce makes the content unique to this one put: two processes can compute the
+        # same new state, and put-if-absent tells its own write from another's by content.
+        data = json.dumps({**asdict(new), "nonce": uuid.uuid4().hex}).encode()
         if not self.storage.put_if_absent(f"{LOCK_DIR}/{new.seq:020d}.json", data):
             return False
         # A stalled process can land a put in a slot that was already collected; it lost.

@@ -10,10 +10,13 @@ requested that long ago) is failed and may be rolled back by another process (`r
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 
 from .storage import Storage
+
+log = logging.getLogger(__name__)
 
 HEARTBEAT_DIR = ".nbcc/heartbeats"
 
@@ -79,4 +82,10 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        remove(self.storage, self.instant)  # completed or failed: the beat is over either way
+        # Completed or failed, the beat is over either way. Best effort: a storage error here
+        # must neither fail a write that completed nor hide the error of one that failed; a
+        # leftover heartbeat only delays a rollback, and the cleaner deletes stale ones.
+        try:
+            remove(self.storage, self.instant)
+        except Exception as err:  # noqa: BLE001
+            log.warning("could not delete the heartbeat of %s: %s", self.instant, err)

@@ -8,32 +8,93 @@ Put-if-absent is the only primitive the commit protocol needs:
 - memory (unit tests only): a check-then-write under a process-wide lock.
 Data files are written with plain writes: their names are unique per writer and they become
 visible only through a completed instant, so a torn data file can never be read.
+
+Transient errors (a dropped connection, a timeout, S3 throttling) are retried here, a bounded
+number of times with jittered exponential backoff; then a `StorageError` names the operation and
+the path. Errors that asking again cannot fix (a missing file, access denied, a name taken) are
+never retried and reach the caller unchanged. Each public method is one retried call of a
+single-attempt primitive (`_*_once`), which is what a test wraps to inject faults.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import random
 import threading
+import time
 import uuid
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Callable, TypeVar
 
 import fsspec
+import pyarrow as pa
 import pyarrow.fs as pafs
-from tenacity import retry, retry_if_exception, stop_after_attempt, wait_random_exponential
+from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
+from fsspec.spec import AbstractBufferedFile
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from .errors import StorageError
+from .errors import NbccError, StorageError
+
+log = logging.getLogger(__name__)
 
 _MEMORY_LOCK = threading.Lock()
+_T = TypeVar("_T")
+
+TMP_PREFIX = ".nbcc-tmp-"
+
+# errno values of failures that may pass if asked again. EBUSY is how s3fs reports S3's 503
+# SlowDown and 409 conflicts, EREMOTEIO its 500 InternalError. Plain EIO is left out: on a
+# local disk it is a hardware error, and s3fs uses it for every S3 error it does not know.
+_TRANSIENT_ERRNOS = frozenset(getattr(errno, name) for name in (
+    "EAGAIN", "EBUSY", "EINTR", "ETIMEDOUT", "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "EPIPE",
+    "ENETDOWN", "ENETUNREACH", "ENETRESET", "EHOSTUNREACH", "EREMOTEIO") if hasattr(errno, name))
+
+# Network failures of the S3 client stack that s3fs gave up retrying (it retries some itself).
+_CLIENT_TRANSIENT: tuple[type[BaseException], ...] = (FSTimeoutError,)
+try:
+    from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
+
+    _CLIENT_TRANSIENT += (BotoConnectionError, HTTPClientError)
+except ImportError:  # pragma: no cover - s3fs brings botocore
+    pass
+try:
+    from aiohttp import ClientConnectionError, ClientPayloadError
+
+    _CLIENT_TRANSIENT += (ClientConnectionError, ClientPayloadError)
+except ImportError:  # pragma: no cover
+    pass
+
+# Errors about the request itself: asking again gets the same answer.
+_PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
 
 def _is_conditional_conflict(exc: BaseException) -> bool:
+    """S3's 409 ConditionalRequestConflict: another conditional write to the key is in flight
+    and the race is undecided. Our request was refused, so it cannot have taken effect."""
     text = str(exc)
     return not isinstance(exc, FileExistsError) and ("ConditionalRequestConflict" in text or "(409)" in text)
 
-TMP_PREFIX = ".nbcc-tmp-"
+
+def is_transient(exc: BaseException) -> bool:
+    """True for a storage failure that may pass if the same request is made again."""
+    if isinstance(exc, _PERMANENT) or not isinstance(exc, Exception) or isinstance(exc, NbccError):
+        return False
+    if isinstance(exc, (ConnectionError, TimeoutError) + _CLIENT_TRANSIENT):
+        return True
+    if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
+        return True
+    return _is_conditional_conflict(exc)
+
+
+class _TakenThenFreed(Exception):
+    """put-if-absent found its name taken, but the file was gone when read: put again."""
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, _TakenThenFreed) or is_transient(exc)
 
 
 def _coerce(value: Any) -> Any:
@@ -51,6 +112,15 @@ def _coerce(value: Any) -> Any:
 
 class Storage:
     """A table's storage: relative paths (`".nbcc/table.json"`) resolve under the table root."""
+
+    # Retries of transient errors: at most RETRY_ATTEMPTS calls, the n-th wait drawn uniformly
+    # from [0, RETRY_WAIT_S * 2^(n-1)] capped at RETRY_MAX_WAIT_S ("full jitter", so that
+    # writers that failed together do not retry together). About 1.5 s of waiting at most:
+    # s3fs already retried the network errors it knows, and a commit holds the table lock
+    # while it lists and writes its completed file.
+    RETRY_ATTEMPTS = 6
+    RETRY_WAIT_S = 0.05
+    RETRY_MAX_WAIT_S = 2.0
 
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None):
         self.uri = str(uri).rstrip("/") or "/"
@@ -77,14 +147,80 @@ class Storage:
     def full_path(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
 
+    def _retry(self, what: str, path: str, call: Callable[[], _T],
+               retry_on: Callable[[BaseException], bool] = is_transient,
+               outcome: Callable[[], str] = lambda: "") -> _T:
+        """`call()`, again after each transient error; StorageError once the attempts run out
+        (`outcome()` then says what may have happened)."""
+        try:
+            return call()  # the common case, without building the retry machinery
+        except Exception as exc:
+            if not retry_on(exc):
+                raise  # not transient: the caller decides (e.g. on FileNotFoundError)
+            error = exc
+        if self.RETRY_ATTEMPTS > 1:
+            log.debug("%s %s: attempt 1 failed (%s), retrying", what, path, error)
+            time.sleep(random.uniform(0, min(self.RETRY_WAIT_S, self.RETRY_MAX_WAIT_S)))
+            retrying = Retrying(  # attempts 2..N; their waits go on doubling from the first
+                retry=retry_if_exception(retry_on),
+                stop=stop_after_attempt(self.RETRY_ATTEMPTS - 1),
+                wait=wait_random_exponential(multiplier=2 * self.RETRY_WAIT_S, max=self.RETRY_MAX_WAIT_S),
+                before_sleep=lambda state: log.debug("%s %s: attempt %d failed (%s), retrying", what, path,
+                                                     state.attempt_number + 1, state.outcome.exception()),
+                reraise=True,
+            )
+            try:
+                return retrying(call)
+            except Exception as exc:
+                if not retry_on(exc):
+                    raise
+                error = exc
+        raise StorageError(
+            f"{what} {path} failed {self.RETRY_ATTEMPTS} times in a row "
+            f"({type(error).__name__}: {error}); the storage is unreachable or overloaded{outcome()}. "
+            "Retry the operation later."
+        ) from error
+
     # -- metadata primitives ---------------------------------------------------------------
 
     def put_if_absent(self, rel: str, data: bytes) -> bool:
-        """Create `rel` holding `data` if no object has that name. True if this call created it."""
+        """Create `rel` holding `data` if no object has that name. True if this call created it.
+
+        `data` must be content that no other caller would put under this name (nbcc's files
+        carry their writer's times, holder id or a nonce): that is how a retry recognises its
+        own earlier attempt, below."""
         if not data:
             # s3fs turns an empty conditional write into an unconditional touch.
             raise StorageError("put_if_absent needs non-empty content")
         path = self.full_path(rel)
+        uncertain = False  # an earlier attempt failed in a way that may have created the file
+
+        def attempt() -> bool:
+            nonlocal uncertain
+            try:
+                created = self._put_once(path, data)
+            except Exception as exc:
+                # A timeout or a dropped connection can come after the store made the write
+                # (the classic S3 timeout); a 409 conflict is a refusal, so it cannot.
+                if is_transient(exc) and not _is_conditional_conflict(exc):
+                    uncertain = True
+                raise
+            if created or not uncertain:
+                return created
+            # The name is taken, perhaps by our own earlier attempt whose reply was lost.
+            # Answering False would make a writer give up a file that it did create (a lock
+            # state it then holds, an instant, a table it created); answering True for another
+            # writer's file would let two writers each think they won. The content decides: it
+            # is unique to its writer.
+            try:
+                return self._read_once(path) == data
+            except FileNotFoundError:
+                raise _TakenThenFreed(path) from None  # deleted since: the name is free again
+
+        return self._retry("put-if-absent", path, attempt, retry_on=_retryable,
+                           outcome=lambda: "; an attempt may have created the file" if uncertain else "")
+
+    def _put_once(self, path: str, data: bytes) -> bool:
         if self.is_local:
             return self._local_put_if_absent(path, data)
         if self.is_memory:
@@ -94,19 +230,11 @@ class Storage:
                 self.fs.pipe_file(path, data)
                 return True
         try:
-            return self._s3_put_if_absent(path, data)
-        finally:
-            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
-
-    @retry(retry=retry_if_exception(_is_conditional_conflict), stop=stop_after_attempt(6),
-           wait=wait_random_exponential(multiplier=0.02, max=1.0), reraise=True)
-    def _s3_put_if_absent(self, path: str, data: bytes) -> bool:
-        # S3 answers 409 ConditionalRequestConflict while another conditional write to the same
-        # key is in flight: the race is undecided, so ask again.
-        try:
             self.fs.pipe_file(path, data, mode="create")
         except FileExistsError:
             return False
+        finally:
+            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
         return True
 
     @staticmethod
@@ -114,11 +242,11 @@ class Storage:
         parent = os.path.dirname(path)
         os.makedirs(parent, exist_ok=True)
         tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
         try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
             os.link(tmp, path)
             return True
         except FileExistsError:
@@ -128,68 +256,102 @@ class Storage:
                 return False
             raise
         finally:
-            os.unlink(tmp)
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:  # its write failed before creating it
+                pass
 
     def replace(self, rel: str, data: bytes) -> None:
         """Write `rel` whole, replacing what was there; readers see the old or the new content,
         never a torn one (local: temporary file and rename; S3: one PUT)."""
         path = self.full_path(rel)
+        self._retry("replace", path, lambda: self._replace_once(path, data))
+
+    def _replace_once(self, path: str, data: bytes) -> None:
         if self.is_local:
             parent = os.path.dirname(path)
             os.makedirs(parent, exist_ok=True)
             tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-            with open(tmp, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
+            try:
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, path)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+                raise
             return
         self.fs.pipe_file(path, data)
         self.fs.invalidate_cache(path.rsplit("/", 1)[0])
 
     def read_bytes(self, rel: str) -> bytes:
-        return self.fs.cat_file(self.full_path(rel))
+        """The content of `rel`; FileNotFoundError if there is none."""
+        path = self.full_path(rel)
+        return self._retry("read", path, lambda: self._read_once(path))
+
+    def _read_once(self, path: str) -> bytes:
+        return self.fs.cat_file(path)
 
     def list_names(self, rel_dir: str, prefix: str = "") -> list[str]:
         """Names (not paths) of the entries directly under `rel_dir` that start with `prefix`;
         [] if it does not exist. Always a fresh listing: s3fs caches listings, and a stale
         timeline would hide commits. On S3 the prefix is applied by the server."""
         path = self.full_path(rel_dir)
+        names = self._retry("list", path, lambda: self._list_once(path, prefix))
+        return [n for n in names if n and n.startswith(prefix) and not n.startswith(TMP_PREFIX)]
+
+    def _list_once(self, path: str, prefix: str) -> list[str]:
         if self.is_local:
             try:
-                names = os.listdir(path)
+                return os.listdir(path)
             except FileNotFoundError:
                 return []
-        else:
-            self.fs.invalidate_cache(path)
-            try:
-                if prefix and self.is_s3:
-                    entries = self.fs.find(path, maxdepth=1, withdirs=True, prefix=prefix)
-                else:
-                    entries = self.fs.ls(path, detail=False)
-            except FileNotFoundError:
-                return []
-            names = [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
-        return [n for n in names if n and n.startswith(prefix) and not n.startswith(TMP_PREFIX)]
+        self.fs.invalidate_cache(path)
+        try:
+            if prefix and self.is_s3:
+                entries = self.fs.find(path, maxdepth=1, withdirs=True, prefix=prefix)
+            else:
+                entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
 
     def exists(self, rel: str) -> bool:
         path = self.full_path(rel)
+        return self._retry("exists", path, lambda: self._exists_once(path))
+
+    def _exists_once(self, path: str) -> bool:
         if not self.is_local:
             self.fs.invalidate_cache(path.rsplit("/", 1)[0])
         return self.fs.exists(path)
 
     def delete(self, rel: str) -> None:
-        """Delete one file; a missing file is not an error (deletes are retried after crashes)."""
+        """Delete one file; a missing file is not an error (deletes are retried after crashes,
+        and a retried delete whose first reply was lost finds the file gone)."""
         path = self.full_path(rel)
+        self._retry("delete", path, lambda: self._delete_once(path))
+
+    def _delete_once(self, path: str) -> None:
         try:
             self.fs.rm_file(path)
         except FileNotFoundError:
             pass
-        if not self.is_local:
-            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
+        finally:
+            if not self.is_local:
+                self.fs.invalidate_cache(path.rsplit("/", 1)[0])
 
     # -- data files ------------------------------------------------------------------------
 
     def open_write(self, rel: str) -> BinaryIO:
+        """A new data file, open for writing. Opening is retried; a failure while writing is
+        not (the content streams through), it raises a StorageError naming the file, and the
+        write's instant stays pending until it is rolled back."""
         path = self.full_path(rel)
+        return _DataSink(self._retry("open for writing", path, lambda: self._open_write_once(path)), path)
+
+    def _open_write_once(self, path: str) -> BinaryIO:
         if self.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             return open(path, "wb")
@@ -197,10 +359,141 @@ class Storage:
 
     def arrow_filesystem(self) -> pafs.FileSystem:
         """A pyarrow filesystem for reading Parquet: pyarrow's native one for local disk (fast,
-        memory-mapped), fsspec's otherwise."""
+        memory-mapped; a local disk has no transient errors to retry), otherwise fsspec's, with
+        transient errors retried."""
         if self.is_local:
             return pafs.LocalFileSystem()
-        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fs))
+        return self._retrying_arrow_filesystem()
+
+    def _retrying_arrow_filesystem(self) -> pafs.FileSystem:
+        return pafs.PyFileSystem(_RetryingHandler(self))
+
+    def _open_read_once(self, path: str) -> Any:
+        """A file open for reading (FileNotFoundError if there is none)."""
+        return self.fs.open(path, mode="rb")
+
+
+class _RetryingHandler(pafs.FSSpecHandler):
+    """fsspec's pyarrow handler, with each storage call retried like every other one."""
+
+    def __init__(self, storage: Storage):
+        super().__init__(storage.fs)
+        self._storage = storage
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        return self._storage._retry("stat", ", ".join(paths), lambda: super(_RetryingHandler, self).get_file_info(paths))
+
+    def open_input_file(self, path: str) -> pa.NativeFile:
+        raw = self._storage._retry("open for reading", path, lambda: self._storage._open_read_once(path))
+        return pa.PythonFile(_RetryingReader(self._storage, path, raw), mode="r")
+
+    open_input_stream = open_input_file
+
+
+class _RetryingReader:
+    """A file open for reading whose reads are retried: each one re-seeks to where it started,
+    so a read that failed half-way is simply made again."""
+
+    def __init__(self, storage: Storage, path: str, raw: Any):
+        self._storage, self._path, self._raw = storage, path, raw
+
+    def read(self, size: int = -1) -> bytes:
+        start = self._raw.tell()
+
+        def once() -> bytes:
+            self._raw.seek(start)
+            return self._raw.read(size)
+        return self._storage._retry("read", self._path, once)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def close(self) -> None:
+        self._raw.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._raw.closed
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+
+class _DataSink:
+    """A data file being written: the file object, with every failure turned into a
+    StorageError that names the file (pyarrow's writers call it like any file)."""
+
+    def __init__(self, raw: Any, path: str):
+        self._raw, self._path = raw, path
+
+    def _failed(self, what: str, exc: Exception) -> StorageError:
+        self.abort()
+        return StorageError(f"{what} data file {self._path} failed ({type(exc).__name__}: {exc}); "
+                            "the write stopped and its instant stays pending until it is rolled back")
+
+    def abort(self) -> None:
+        """Drop the file: its write failed (done here on any failure of this file; a writer
+        should do it for its other open files too). An fsspec buffered file (S3) would
+        otherwise upload what it holds whenever it is closed, even by the garbage collector,
+        possibly after a rollback deleted the instant's files."""
+        raw = self._raw
+        try:
+            if isinstance(raw, AbstractBufferedFile):
+                raw.discard()  # S3: aborts a multipart upload
+                raw.closed = True
+            else:
+                raw.close()
+        except Exception as exc:  # noqa: BLE001 - the failure being reported matters more
+            log.debug("aborting data file %s: %s", self._path, exc)
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._raw.write(data)
+        except NbccError:
+            raise
+        except Exception as exc:
+            raise self._failed("writing", exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except NbccError:
+            raise
+        except Exception as exc:
+            raise self._failed("flushing", exc) from exc
+
+    def close(self) -> None:
+        try:
+            self._raw.close()  # S3: uploads the rest
+        except NbccError:
+            raise
+        except Exception as exc:
+            raise self._failed("closing", exc) from exc
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    @property
+    def closed(self) -> bool:
+        return self._raw.closed
+
+    def writable(self) -> bool:
+        return True
+
+    def __enter__(self) -> "_DataSink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def is_not_found(exc: BaseException) -> bool:

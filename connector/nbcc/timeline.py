@@ -223,6 +223,7 @@ _HISTORY_PLANS: dict[tuple[str, str], dict[str, Any]] = {}
 
 def load_history(storage: Storage) -> list[Instant]:
     """Archived instants, from every history file (each read once per process: they never change)."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     out: list[Instant] = []
@@ -233,8 +234,7 @@ def load_history(storage: Storage) -> list[Instant]:
         with _CACHE_LOCK:
             cached = _HISTORY_FILES.get(key)
         if cached is None:
-            with storage.fs.open(storage.full_path(f"{HISTORY_DIR}/{name}"), "rb") as f:
-                rows = pq.read_table(f).to_pylist()
+            rows = pq.read_table(pa.BufferReader(storage.read_bytes(f"{HISTORY_DIR}/{name}"))).to_pylist()
             cached = []
             for r in rows:
                 cached.append(Instant(r["instant"], r["action"], r["state"], r["completion"], archived=True))
