@@ -600,3 +600,39 @@ def test_random_storage_faults_never_lose_duplicate_or_half_show_a_commit(where,
     n, data = run.next_commit()
     table.write(data)
     assert rows_of(table.read()) == merged(run.commits, list(visible) + [n])
+
+
+def test_a_read_whose_data_file_keeps_failing_says_to_read_again(memory_uri):
+    # Transient errors that outlast the retries are not a lost or corrupt file: the error must
+    # not tell the user to restore files or roll the table back.
+    table = new_table(memory_uri)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    faults = Faults().plan("open_read", *[BEFORE] * FaultyStorage.RETRY_ATTEMPTS, where=r"part=b/00000001-")
+    with pytest.raises(nbcc.DataFileError, match="run the read again") as err:
+        faulty_table(table, faults).read()
+    assert "roll the table back" not in str(err.value)
+    assert snapshot(table) == ref.expected()
+
+
+def test_a_failed_write_drops_its_other_open_files(memory_uri, monkeypatch):
+    # When one file of a write fails, the write's other open files are aborted at once, not left
+    # for the garbage collector to close (on S3 that would upload them, after any rollback).
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("payload", pa.string())])
+    table = nbcc.Table.create(memory_uri, schema, "id", ordering_field="ts", buckets=4)
+    aborted = []
+    real_abort = nbcc.storage._DataSink.abort
+
+    def abort(sink):
+        aborted.append(sink._path)
+        real_abort(sink)
+    monkeypatch.setattr(nbcc.storage._DataSink, "abort", abort)
+    # Rows big enough that each bucket's first piece is flushed (its file opened) while the
+    # write goes on; bucket 2's file then fails on its first write.
+    ids = list(range(2000))
+    data = pa.table({"id": ids, "ts": [1] * 2000, "payload": ["x" * 100] * 2000}, schema=schema)
+    faults = Faults().plan("sink", BEFORE, where=r"/00000002-")
+    with pytest.raises(nbcc.StorageError, match="00000002-"):
+        faulty_table(table, faults).write(data, max_log_file_bytes=200_000)
+    assert any("/00000000-" in p for p in aborted) and any("/00000001-" in p for p in aborted), aborted
+    assert table.read().num_rows == 0

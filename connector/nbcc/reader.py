@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 
 from .buckets import java_list_hash
 from .config import TableConfig
-from .errors import DataFileError
+from .errors import DataFileError, StorageError
 from .merge import merge_records
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_FIELDS, file_schema
 from .storage import Storage, is_not_found
@@ -39,6 +39,11 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads hashes tha
 
 
 def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
+    if isinstance(exc, StorageError):  # transient errors that outlasted the retries
+        return DataFileError(
+            f"committed data file {storage.full_path(rel)} could not be read ({exc}); the read "
+            "stopped so that no rows are silently dropped. The storage kept failing: run the read again."
+        )
     what = "is missing" if is_not_found(exc) else "cannot be read"
     return DataFileError(
         f"committed data file {storage.full_path(rel)} {what} ({exc}); the read stopped so that "

@@ -157,10 +157,15 @@ class Table:
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite", check_first=check_first)
         writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
         with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):  # alive until committed
-            for batch in batches:
-                if batch.num_rows:
-                    writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
-            txn.commit(writer.close())
+            try:
+                for batch in batches:
+                    if batch.num_rows:
+                        writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
+                files = writer.close()
+            except BaseException:
+                writer.abort()  # no half-written file may surface later (S3 uploads on close)
+                raise
+            txn.commit(files)
         maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline)
         return txn.instant
 

@@ -226,8 +226,23 @@ class LogWriter:
 
     def close(self) -> list[dict[str, Any]]:
         """Flush and close every file; returns what was written (for the commit metadata)."""
-        for log in self._open.values():
-            self._flush(log)
-            self._close_file(log)
+        try:
+            for log in self._open.values():
+                self._flush(log)
+                self._close_file(log)
+        except BaseException:
+            self.abort()
+            raise
         self._open.clear()
         return self.files
+
+    def abort(self) -> None:
+        """Drop every file still open: the write failed. On S3 an open file would otherwise be
+        uploaded whenever it is closed, even by the garbage collector after a rollback."""
+        for log in self._open.values():
+            if log.sink is not None:
+                try:
+                    log.sink.abort()
+                except Exception:  # noqa: BLE001 - the write's own failure is what matters
+                    pass
+        self._open.clear()

@@ -286,15 +286,19 @@ class NbccWriter(DataSourceArrowWriter):
         # default); checking, hashing and splitting them in bigger pieces costs far less per row.
         pending: list[pa.RecordBatch] = []
         rows = 0
-        for batch in iterator:
-            if batch.num_rows:
-                pending.append(batch)
-                rows += batch.num_rows
-            if rows >= COALESCE_ROWS:
-                self._write(writer, pending)
-                pending, rows = [], 0
-        self._write(writer, pending)
-        files = writer.close()
+        try:
+            for batch in iterator:
+                if batch.num_rows:
+                    pending.append(batch)
+                    rows += batch.num_rows
+                if rows >= COALESCE_ROWS:
+                    self._write(writer, pending)
+                    pending, rows = [], 0
+            self._write(writer, pending)
+            files = writer.close()
+        except BaseException:
+            writer.abort()  # no half-written file may surface later (S3 uploads on close)
+            raise
         return NbccCommitMessage(files=files, partitions=sorted({f["partition"] for f in files}))
 
     def _write(self, writer: LogWriter, batches: list[pa.RecordBatch]) -> None:

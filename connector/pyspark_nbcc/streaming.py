@@ -140,19 +140,24 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
         # whose stage ids start at 0 again: a random middle number keeps file names unique.
         token = make_token(ctx.partitionId(), random.randrange(2**31), ctx.attemptNumber())
         txn, claim, writer = self.template, None, None
-        for rows in _coalesced(iterator):
-            if claim is None:
-                claim = claim_batch(self.storage, txn.clock, stream_id, int(batch_id), txn.action,
-                                    {"operation": txn.operation}, query_id)
-                if claim.committed:
-                    return NbccStreamCommitMessage(stream_id, claim.instant, committed_before=True)
-                beat = Throttled(self.storage, claim.instant, interval_s(self.config.heartbeat_timeout_s))
-                writer = LogWriter(self.storage, self.config, txn.schema, claim.instant, token,
-                                   self.max_log_file_bytes, on_progress=beat)
-            writer.write(prepare(rows, self.config, txn.schema, txn.operation, claim.instant))
-        if writer is None:
-            return NbccStreamCommitMessage(stream_id)
-        return NbccStreamCommitMessage(stream_id, claim.instant, writer.close())
+        try:
+            for rows in _coalesced(iterator):
+                if claim is None:
+                    claim = claim_batch(self.storage, txn.clock, stream_id, int(batch_id), txn.action,
+                                        {"operation": txn.operation}, query_id)
+                    if claim.committed:
+                        return NbccStreamCommitMessage(stream_id, claim.instant, committed_before=True)
+                    beat = Throttled(self.storage, claim.instant, interval_s(self.config.heartbeat_timeout_s))
+                    writer = LogWriter(self.storage, self.config, txn.schema, claim.instant, token,
+                                       self.max_log_file_bytes, on_progress=beat)
+                writer.write(prepare(rows, self.config, txn.schema, txn.operation, claim.instant))
+            if writer is None:
+                return NbccStreamCommitMessage(stream_id)
+            return NbccStreamCommitMessage(stream_id, claim.instant, writer.close())
+        except BaseException:
+            if writer is not None:
+                writer.abort()  # no half-written file may surface later (S3 uploads on close)
+            raise
 
     def commit(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if m is not None and m.instant]
