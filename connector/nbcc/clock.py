@@ -240,10 +240,15 @@ class TimeGenerator:
             # A storage error here must not fail a commit that is already published: the lease
             # runs out and the next writer takes over.
             try:
-                if self._swap(released):
-                    self._collect(released.seq)
+                freed = self._swap(released)
             except Exception as exc:  # noqa: BLE001
+                freed = False
                 log.warning("releasing the table lock failed (it expires with its lease): %s", exc)
+            if freed:
+                try:
+                    self._collect(released.seq)
+                except Exception as exc:  # noqa: BLE001 - old states are collected next time
+                    log.warning("the table lock was released; deleting old lock states failed: %s", exc)
             with self._stats_lock:
                 s = self.stats
                 s.acquisitions += 1
