@@ -32,7 +32,6 @@ have been scheduled, so compactions are interleaved with the writes whatever the
 
 from __future__ import annotations
 
-import json
 import random
 import subprocess
 import sys
@@ -47,6 +46,7 @@ import pyarrow.parquet as pq
 
 import nbcc
 import pyspark_nbcc
+from soak import Reference, json_lines  # the reference fold, shared with the soak test
 
 PROCESS_WRITERS = 3
 SPARK_WRITER = PROCESS_WRITERS  # the writer number of the Spark job series
@@ -187,38 +187,6 @@ def _rows(writer: int, commit: int) -> list[dict[str, Any]]:
     ]
 
 
-def _canonical(rows: list[dict[str, Any]]) -> tuple[tuple, ...]:
-    return tuple(sorted(tuple(r[c] for c in COLUMNS) for r in rows))
-
-
-class Reference:
-    """reference(T) for every T: the commits completed by T folded into one row per key."""
-
-    BEFORE_ALL = "0" * 17
-
-    def __init__(self, commits: list[tuple[str, str, list[dict[str, Any]]]]):
-        """`commits`: (completion, instant, rows) of every data commit."""
-        best: dict[int, dict[str, Any]] = {}
-        self.times = [self.BEFORE_ALL]
-        self.states: dict[tuple, list[str]] = {(): [self.BEFORE_ALL]}
-        self.final: list[dict[str, Any]] = []
-        for completion, _instant, rows in sorted(commits, key=lambda c: (c[0], c[1])):
-            for row in rows:
-                cur = best.get(row["id"])
-                assert cur is None or cur["ts"] != row["ts"], "test data must have no ties"
-                if cur is None or row["ts"] > cur["ts"]:
-                    best[row["id"]] = row
-            live = [{c: r[c] for c in COLUMNS} for r in best.values() if not r[DELETED]]
-            self.states.setdefault(_canonical(live), []).append(completion)
-            self.times.append(completion)
-            self.final = sorted(live, key=lambda r: r["id"])
-        self.latest = self.times[-1]
-
-    def matches(self, rows: list[dict[str, Any]]) -> list[str]:
-        """The times T with reference(T) == rows."""
-        return self.states.get(_canonical(rows), [])
-
-
 # -- the run -------------------------------------------------------------------------------------
 
 def _spawn(script: Path, *args: Any) -> subprocess.Popen:
@@ -233,10 +201,6 @@ def _wait(condition, what: str, procs: list[subprocess.Popen]) -> None:
         assert not failed, f"a process failed while waiting for {what}: {failed[0].communicate()}"
         assert time.monotonic() < deadline, f"never happened: {what}"
         time.sleep(0.01)
-
-
-def _json_lines(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
 def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
@@ -350,7 +314,7 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
     assert len(spark_instants) == COMMITS_PER_WRITER
     for c, instant in enumerate(spark_instants):
         written[instant] = data[(SPARK_WRITER, c)]
-    reference = Reference([(completion_of[i], i, rows) for i, rows in written.items()])
+    reference = Reference([(completion_of[i], i, rows) for i, rows in written.items()], COLUMNS)
 
     # The data exercises what it should: every writer wins some keys, deletes win some keys.
     final_writers = {r["writer"] for r in reference.final}
@@ -378,7 +342,7 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
         assert reference.latest in previous
 
     # -- compactions ran between the writers' commits --------------------------------------------
-    compactions = _json_lines(work / "compactions.jsonl")
+    compactions = json_lines(work / "compactions.jsonl")
     completed_compactions = {i.instant: i.completion for i in timeline if i.action == "commit"}
     assert {c["instant"]: c["completion"] for c in compactions} == completed_compactions
     data_completions = sorted(completion_of[i] for i in written)
@@ -391,7 +355,7 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
     assert deferred, f"no compaction saw commits complete between its plan and its completion: {compactions}"
 
     # -- cleans ran throughout and deleted files while writers wrote -----------------------------
-    cleans = _json_lines(work / "cleans.jsonl")
+    cleans = json_lines(work / "cleans.jsonl")
     assert all(c["rolled_back"] == [] for c in cleans), "a live write was rolled back"
     clean_instants = {i.instant: i.completion for i in timeline if i.action == "clean"}
     assert {c["instant"] for c in cleans if c["instant"]} == set(clean_instants)
