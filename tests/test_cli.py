@@ -329,3 +329,56 @@ def test_timeline_on_s3_with_storage_options(s3_table, capsys):
     rows = rows_of(out)
     assert [r[0] for r in rows] == written
     assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
+
+
+# -- the metadata table -----------------------------------------------------------------------------
+
+def test_index_builds_shows_and_drops_metadata_table_partitions(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=4)
+    expected = snapshot(table)
+    code, out, err = run(capsys, "index", uri)
+    assert code == 0, err
+    assert rows_of(out) == [["files", "-"], ["column_stats", "-"], ["key_filters", "-"]]
+
+    code, out, err = run(capsys, "index", uri, "--partitions", "files,key_filters", "--quiet")
+    assert code == 0, err
+    [ti] = [i.instant for i in table.timeline() if i.action == "indexing"]
+    first, *state = out.strip().splitlines()
+    assert first == f"indexing instants run: {ti}"
+    assert [line.split() for line in state[1:]] == [["files", "ready"], ["column_stats", "-"], ["key_filters", "ready"]]
+    plan = table.plan(filter=[("id", "=", 3)])
+    assert plan.metadata_used == ("files", "key_filters") and snapshot(table) == expected
+
+    code, out, _ = run(capsys, "index", uri, "--partitions", "files")
+    assert code == 0 and out.splitlines()[0] == "indexing instants run: none needed"
+    code, out, _ = run(capsys, "index", uri, "--drop", "key_filters")
+    assert code == 0 and out.splitlines()[0] == "dropped: key_filters"
+    assert [line.split() for line in out.strip().splitlines()[2:]] == [["files", "ready"], ["column_stats", "-"],
+                                                                      ["key_filters", "-"]]
+    assert table.plan(filter=[("id", "=", 3)]).metadata_used == ("files",)
+    code, out, _ = run(capsys, "index", uri, "--drop", "key_filters")
+    assert code == 0 and out.splitlines()[0] == "nothing to drop: none of them was in use"
+    assert snapshot(table) == expected
+
+
+def test_index_errors_are_clear(local_table, tmp_path, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=1)
+    code, out, err = run(capsys, "index", uri, "--partitions", "files,bogus")
+    assert code == 1 and out == ""
+    assert err.strip() == ("nbcc: error: unknown metadata table partition 'bogus'; the partitions are "
+                           "files, column_stats, key_filters")
+    assert run(capsys, "index", uri, "--drop", " , ")[0] == 1
+    assert run(capsys, "index", uri, "--partitions", "files", "--drop", "files")[0] == 2
+    assert run(capsys, "index", uri, "--partitions", "files", "--timeout", "-1")[0] == 2
+    code, _, err = run(capsys, "index", tmp_path / "nothing-here", "--partitions", "files")
+    assert code == 1 and "not an nbcc table" in err
+
+    txn = table.begin_write(SCHEMA)  # a write in flight: catch-up waits for it, then gives up
+    code, out, err = run(capsys, "index", uri, "--partitions", "files", "--timeout", "0.2", "--quiet")
+    assert code == 1 and err.startswith("nbcc: error: indexing ")
+    assert f"writes {txn.instant} were still in flight" in err and "resumes" in err
+    code, out, _ = run(capsys, "index", uri)
+    assert code == 0 and rows_of(out)[0] == ["files", "building"]
+    assert "pending indexing" in out and "to resume it" in out

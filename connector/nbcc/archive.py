@@ -75,6 +75,7 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
                      "completion": inst.completion, "metadata": json.dumps(meta, sort_keys=True), "plan": plan})
     if not rows:
         _finish(storage)
+        _archive_metadata_table(storage)
         return {"archived": 0, "file": None}
     table = pa.Table.from_pylist(rows, schema=pa.schema([
         ("instant", pa.string()), ("action", pa.string()), ("state", pa.string()),
@@ -86,7 +87,18 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
     if not storage.put_if_absent(f"{HISTORY_DIR}/{name}", sink.getvalue()):
         raise StorageError(f"history file {name} exists already")
     _finish(storage)
+    _archive_metadata_table(storage)
     return {"archived": len(rows), "file": name}
+
+
+def _archive_metadata_table(storage: Storage) -> None:
+    """Archive the metadata table's timeline with the table's (it needs none of the data
+    timeline's archived instants: their completion times stay in the history)."""
+    from .metadata_table import open_metadata_table, upkeep
+
+    mdt = open_metadata_table(storage)
+    if mdt is not None:
+        upkeep(mdt, force=True)
 
 
 def _finish(storage: Storage) -> None:

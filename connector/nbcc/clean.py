@@ -18,6 +18,7 @@ then clear errors. A crashed clean is finished by the next one (deletes are idem
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -25,6 +26,7 @@ from .clock import TimeGenerator
 from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
 from .filenames import parse_data_file
+from .metadata_table import forget_cleaned, open_metadata_table, upkeep
 from .rollback import partition_folders, rollback_failed_writes
 from .scan import files_to_merge, slices_by_group, table_view
 from .storage import Storage
@@ -40,6 +42,7 @@ from .timeline import (
 )
 
 DEFAULT_RETAIN_COMMITS = 10
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -111,6 +114,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     result: dict[str, Any] = {"action": CLEAN, "earliest_retained": plan.earliest_retained,
                               "deleted": [], "rolled_back": rolled_back, "files": []}
     if not plan.delete and plan.earliest_retained in (None, earliest_retained(storage, Timeline.load(storage))):
+        _index_in_step(storage, [])
         return result  # nothing new: no clean instant
     instant = clock.new_instant()
     body = {"instant": instant, "earliest_retained": plan.earliest_retained,
@@ -123,7 +127,23 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     result.update(instant=instant, deleted=[list(d) for d in plan.delete])
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
+    _index_in_step(storage, plan.delete)
     return result
+
+
+def _index_in_step(storage: Storage, deleted: list[tuple[str, str]]) -> None:
+    """Keep the metadata table in step (format.md §18.5): forget the deleted files, index the
+    instants it lacks, and tidy the metadata table itself up."""
+    from .indexing import fill_gaps
+
+    forget_cleaned(storage, deleted)
+    try:
+        fill_gaps(storage)
+    except Exception as exc:  # noqa: BLE001 - the clean is done; readers are right without it
+        log.warning("clean of %s: indexing instants the metadata table lacks failed: %s", storage.uri, exc)
+    mdt = open_metadata_table(storage)
+    if mdt is not None:
+        upkeep(mdt, force=True)
 
 
 def _complete_clean(storage: Storage, clock: TimeGenerator, instant: str, result: dict[str, Any]) -> None:
@@ -161,3 +181,4 @@ def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
         result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": body["earliest_retained"],
                   "deleted": body["delete"], "rolled_back": [], "files": []}
         _complete_clean(storage, clock, inst.instant, result)
+        _index_in_step(storage, [tuple(d) for d in body["delete"]])

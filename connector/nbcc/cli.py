@@ -15,6 +15,11 @@ Usage:
                                             the last N data commits needs
     nbcc archive URI [--retain-commits N]   move old instants into .nbcc/history/
     nbcc rollback URI INSTANT               roll back a write that did not complete
+    nbcc index URI                          the metadata table: each partition's state
+    nbcc index URI --partitions files,column_stats,key_filters [--timeout S] [--quiet]
+                                            build metadata table partitions while writers keep
+                                            writing (resumes an indexing left pending)
+    nbcc index URI --drop column_stats      stop using a partition and delete it
     nbcc --version
 
 Times (T, INSTANT) are 17-digit instant times (yyyyMMddHHmmssSSS, UTC); `--as-of` also takes an
@@ -40,6 +45,8 @@ from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time_option
 from .errors import InvalidOptionError, NbccError
+from .indexing import DEFAULT_TIMEOUT_S
+from .metadata_table import KINDS, check_kinds
 from .rollback import failed_writes
 from .table import Table
 from .timeline import (
@@ -244,6 +251,29 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index(args: argparse.Namespace) -> int:
+    table = _open(args)
+    if args.drop is not None:
+        result = table.drop_index(check_kinds(args.drop))
+        dropped = result["dropped"]
+        print(f"dropped: {', '.join(dropped)}" if dropped else "nothing to drop: none of them was in use")
+        if result["cancelled"]:
+            print(f"cancelled pending indexing: {', '.join(result['cancelled'])}")
+    elif args.partitions is not None:
+        kinds = check_kinds(args.partitions)
+        with _progress(args, "indexing", "chunk") as progress:
+            result = table.build_index(kinds, args.timeout, progress)
+        built = ", ".join(result["instants"]) or "none needed"
+        print(f"indexing instants run: {built}")
+    state = table.index_state()
+    parts = state["partitions"]
+    _print_table(["PARTITION", "STATE"], [[k, parts.get(k, "-")] for k in KINDS])
+    for p in state["pending"]:
+        print(f"pending indexing {p['instant']}: {', '.join(p['partitions'])} (re-run `nbcc index` with "
+              "--partitions to resume it)")
+    return 0
+
+
 # -- the parser ----------------------------------------------------------------------------------
 
 def _storage_option(text: str) -> tuple[str, str]:
@@ -344,6 +374,22 @@ def build_parser() -> argparse.ArgumentParser:
                                    "its instant is marked rolled back.")
     p.add_argument("instant", metavar="INSTANT", help="the write's instant time")
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("index", parents=[common], help="build, drop or show the metadata table's partitions",
+                       description="The metadata table (.nbcc/metadata) indexes the data files: `files` "
+                                   "(planning without reading commit files), `column_stats` (skipping by "
+                                   "min/max/nulls), `key_filters` (point lookups open only files that may "
+                                   "hold the key). Building runs while writers keep writing. Without "
+                                   "options: show each partition's state.")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--partitions", metavar="P[,P...]",
+                       help=f"build these partitions ({', '.join(KINDS)}), comma-separated")
+    which.add_argument("--drop", metavar="P[,P...]", help="stop using these partitions and delete them")
+    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
+                   help=f"seconds to wait for writes in flight before giving up (default {DEFAULT_TIMEOUT_S:g}; "
+                        "a re-run resumes)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_index)
     return parser
 
 

@@ -26,6 +26,7 @@ from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
 from .storage import Storage
 from . import heartbeat
+from .metadata_table import index_commit
 from .rollback import rollback_instant
 from .timeline import (
     Timeline,
@@ -79,6 +80,14 @@ class WriteTransaction:
             "bytes": sum(int(f["bytes"]) for f in files),
             **(extra or {}),
         }
+        # The metadata table's entries go in before the commit completes, so a reader that sees
+        # the commit finds them; a commit that then fails leaves entries of an instant that never
+        # completes, which readers ignore. Several runs may complete one micro-batch's instant
+        # (a stream's replays, §17): only the run that completes it knows its files are the
+        # instant's, so such a commit adds its entries after completing (format.md §18.4).
+        shared_instant = bool(extra and "batch_id" in extra)
+        if not shared_instant:
+            index_commit(self.storage, metadata)
         with self.clock.locked() as grant:
             if self.added_columns:  # under the lock: no commit can slip in between
                 self._check_added_columns()
@@ -86,6 +95,8 @@ class WriteTransaction:
             grant.check()
             create_completed(self.storage, self.instant, grant.time, self.action, metadata)
             completion = grant.time
+        if shared_instant:
+            index_commit(self.storage, metadata)
         # The commit is published: what follows is tidying, and must never fail the write
         # (a failure here would make Spark call abort on a committed instant).
         try:

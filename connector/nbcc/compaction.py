@@ -24,6 +24,7 @@ from .clock import TimeGenerator
 from .config import TableConfig
 from .errors import CommitError, InvalidOptionError
 from .filenames import base_file_name, make_token
+from .metadata_table import index_commit
 from .reader import iter_files
 from .scan import slices_by_group, table_view
 from .expr import supported_type
@@ -122,11 +123,15 @@ def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: 
         with clock.locked() as grant:
             grant.check()
             create_completed(storage, tc, grant.time, COMPACTION_COMMIT, metadata)
-            return grant.time
+            completion = grant.time
     except CommitError:
         if Timeline.load(storage).get(tc).is_completed:
             return None
         raise
+    # Indexed after completing: several executions may run one plan, and only the one that
+    # completed it knows its base files are the instant's (format.md §18.4).
+    index_commit(storage, metadata)
+    return completion
 
 
 def execution_token() -> str:

@@ -111,6 +111,9 @@ READ_OPTIONS: dict[str, OptionSpec] = {
     "include_meta_columns": OptionSpec(_text, "true to add _nbcc_commit_time, _nbcc_completion_time, ..."),
     "max_partition_bytes": OptionSpec(_positive_int("max_partition_bytes"),
                                       "Spark: most bytes of files read by one input partition (default 128 MiB)"),
+    "use_metadata_table": OptionSpec(_bool_option("use_metadata_table"),
+                                     "true (default): plan with the metadata table's ready partitions; "
+                                     "false: from the timeline alone"),
 }
 
 # Streaming (Spark's writeStream / readStream). Their own registries: `begin` means something
@@ -174,6 +177,9 @@ class TableConfig:
     lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS
     heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S
     format_version: int = FORMAT_VERSION
+    # Metadata table partitions in use: kind -> "building" | "ready" (metadata_table.py). The one
+    # field that is rewritten (under the table lock); absent in tables that never had one.
+    metadata_table: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -230,6 +236,7 @@ class TableConfig:
             "merge_mode": self.merge_mode,
             "lock_lease_ms": self.lock_lease_ms,
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
+            **({"metadata_table": dict(self.metadata_table)} if self.metadata_table else {}),
             **self.extra,
         }
         return json.dumps(doc, indent=2).encode()
@@ -241,7 +248,7 @@ class TableConfig:
         if version != FORMAT_VERSION:
             raise SchemaError(f"table format version {version} is not supported by this nbcc (supports {FORMAT_VERSION})")
         known = {"format_version", "schema", "record_key", "ordering_field", "partition_by", "buckets",
-                 "merge_mode", "lock_lease_ms", "heartbeat_timeout_s"}
+                 "merge_mode", "lock_lease_ms", "heartbeat_timeout_s", "metadata_table"}
         return cls(
             schema=schema_from_json(doc["schema"]),
             record_key=tuple(doc["record_key"]),
@@ -252,6 +259,7 @@ class TableConfig:
             lock_lease_ms=int(doc.get("lock_lease_ms", DEFAULT_LOCK_LEASE_MS)),
             heartbeat_timeout_s=int(doc.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S)),
             format_version=version,
+            metadata_table=dict(doc.get("metadata_table") or {}),
             extra={k: v for k, v in doc.items() if k not in known},
         )
 

@@ -14,6 +14,9 @@ input partition each), and each task is read independently.
   range's files.
 - Pruning: partition values, the buckets of record keys pinned by `=`/`in`, and per-file
   min/max/null statistics recorded at write time. Filters are also applied exactly after merging.
+- The metadata table (index_view.py), where ready: the files and schema of the instants it
+  covers instead of their commit files, statistics, and key filters that leave out the files of
+  a point lookup that cannot hold the key (format.md §18.5).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import bloom
 from .buckets import bucket_ids, file_group_id
 from .clock import parse_time_option
 from .config import TableConfig, _bool_option
@@ -33,14 +37,18 @@ from .errors import InvalidOptionError
 from .expr import Predicate, conjunction, parse_filter
 from .file_slices import FileSlice, build_file_slices
 from .filenames import parse_data_file
+from .index_view import MetadataIndex, load_index
+from .metadata_table import COLUMN_STATS, FILES, KEY_FILTERS
 from .partitions import parse_partition_path
 from .reader import iter_files, read_columns, read_files
 from .schema import COMMIT_TIME_COL, RECORD_KEY_COL, constant_strings, merge_added_columns, schema_from_json
 from .storage import Storage
 from .timeline import (
+    CLEAN,
     COMPACTION,
     COMPACTION_COMMIT,
     DATA_ACTIONS,
+    INDEXING,
     REPLACE_COMMIT,
     Instant,
     Timeline,
@@ -81,11 +89,13 @@ class ReadOptions:
     include_meta_columns: bool = False
     predicates: tuple[Predicate, ...] = ()
     arrow_filter: pc.Expression | None = None
+    use_metadata_table: bool | None = None  # None: use its ready partitions; False: the timeline only
 
     @classmethod
     def build(cls, *, query_type: str | None = None, as_of: Any = None, begin: Any = None, end: Any = None,
               incremental_format: str | None = None, include_meta_columns: Any = False,
-              filter: Any = None, schema: pa.Schema | None = None) -> "ReadOptions":
+              filter: Any = None, schema: pa.Schema | None = None,
+              use_metadata_table: Any = None) -> "ReadOptions":
         qt = (query_type or SNAPSHOT).strip().lower()
         if qt not in QUERY_TYPES:
             raise InvalidOptionError(f"query_type must be one of {', '.join(QUERY_TYPES)}; got {query_type!r}")
@@ -112,8 +122,9 @@ class ReadOptions:
         preds, arrow_filter = parse_filter(filter, schema) if filter is not None else ((), None)
         if (preds or arrow_filter is not None) and qt == INCREMENTAL and fmt == CDC:
             raise InvalidOptionError("filter applies to snapshot, read_optimized and latest_state reads, not cdc")
+        use_mdt = _bool_option("use_metadata_table")(use_metadata_table) if use_metadata_table is not None else None
         return cls(qt, parse_time_option(as_of, "as_of") if as_of is not None else None, begin_t, end_t, fmt,
-                   meta, preds, arrow_filter)
+                   meta, preds, arrow_filter, use_mdt)
 
     @property
     def is_cdc(self) -> bool:
@@ -139,11 +150,13 @@ class TableView:
         return {(f["partition"], f["name"]): f for meta in self.metas.values() for f in meta["files"]}
 
 
-def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None) -> TableView:
+def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None,
+               index: MetadataIndex | None = None) -> TableView:
+    """The table as of `as_of`. With an `index` whose `files` partition is ready, the schema and
+    files of the instants it covers come from it instead of their commit files."""
     completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
-    metas = {i.instant: read_commit_metadata(storage, i) for i in completed}
-    schema = merge_added_columns(
-        config.schema, (schema_from_json(metas[i.instant]["schema"]) for i in completed if "schema" in metas[i.instant]))
+    metas = _metadata(storage, completed, index)
+    schema = merge_added_columns(config.schema, _new_schemas(metas[i.instant] for i in completed))
     done = {i.instant: i.completion for i in completed}
     completion = {i.instant: done.get(i.instant) for i in timeline.instants}
     pending = [i.instant for i in timeline.instants
@@ -151,6 +164,34 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
                and i.instant not in done and i.state != "rolledback"]
     cutoff = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
     return TableView(completed, metas, completion, pending, schema, cutoff)
+
+
+def _new_schemas(metas: Iterable[Mapping[str, Any]]) -> Iterator[pa.Schema]:
+    """The commit schemas that can add a column, in order: a schema whose column names were all
+    seen before adds nothing (columns are added by name), so each name set is parsed once."""
+    seen: set[tuple[str, ...]] = set()
+    for meta in metas:
+        fields = meta.get("schema")
+        if fields is None:
+            continue
+        names = tuple(f["name"] for f in fields)
+        if names not in seen:
+            seen.add(names)
+            yield schema_from_json(fields)
+
+
+def _metadata(storage: Storage, completed: list[Instant], index: MetadataIndex | None) -> dict[str, dict[str, Any]]:
+    if index is None or not index.has(FILES):
+        return {i.instant: read_commit_metadata(storage, i) for i in completed}
+    metas = index.file_metas(completed)
+    for i in completed:
+        if i.instant in metas:
+            continue
+        if i.action in (CLEAN, INDEXING):  # they add no files and no columns
+            metas[i.instant] = {"files": []}
+        else:  # not (yet) indexed: a commit that completed after writing no entries
+            metas[i.instant] = read_commit_metadata(storage, i)
+    return metas
 
 
 def _visible(inst: Instant, meta: Mapping[str, Any], cutoff: str | None) -> bool:
@@ -208,6 +249,7 @@ class ScanPlan:
     change_completion: dict[str, str] = field(default_factory=dict)  # cdc: instants in the range
     reset_completion: str | None = None  # completion of the latest overwrite in the range
     end: str | None = None  # incremental: the end of the range actually read
+    metadata_used: tuple[str, ...] = ()  # the metadata table partitions the plan used
 
 
 def files_to_merge(slices: list[FileSlice], read_optimized: bool, pending: Iterable[str] = ()
@@ -236,10 +278,47 @@ def _partition_values(config: TableConfig, schema: pa.Schema, partition: str) ->
     return pa.table(cols)
 
 
+class FileStats:
+    """Per-file statistics for skipping: the descriptors of commit metadata; for files that the
+    metadata table's `files` partition described (no `stats`), its `column_stats`, or else the
+    commit file of the file's instant (read only for the files of groups still in question)."""
+
+    def __init__(self, storage: Storage, view: TableView, index: MetadataIndex | None):
+        self.storage, self.view, self.index = storage, view, index
+        self.info = view.file_info()
+        self.commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in view.metas.items()}
+        self.types = {f.name: f.type for f in view.schema}
+        self._full: dict[tuple[str, str], Mapping[str, Any] | None] = {}
+        self._instants = {i.instant: i for i in view.completed}
+
+    def rows(self, partition: str, name: str) -> int:
+        return int(self.info.get((partition, name), {}).get("rows", 1))
+
+    def of(self, partition: str, name: str, column: str) -> Mapping[str, Any] | None:
+        f = self.info.get((partition, name))
+        if f is not None and "stats" not in f and self.index is not None:
+            key = (partition, name)
+            if key not in self._full:
+                self._full[key] = self._with_stats(partition, name, f)
+            f = self._full[key]
+        return _file_stats(f, name, column, self.commit_columns)
+
+    def _with_stats(self, partition: str, name: str, f: Mapping[str, Any]) -> Mapping[str, Any] | None:
+        instant = f.get("instant") or parse_data_file(name).instant
+        stats = self.index.file_stats(partition, name, self.types)
+        if stats is not None:
+            return {**f, "stats": stats}
+        if self.index.covers_stats(instant):
+            return f  # indexed without statistics: none were recorded
+        inst = self._instants.get(instant)
+        if inst is None:
+            return f
+        meta = read_commit_metadata(self.storage, inst)
+        return next((d for d in meta["files"] if d["partition"] == partition and d["name"] == name), f)
+
+
 def _keep(config: TableConfig, schema: pa.Schema, preds: tuple[Predicate, ...], partition: str, fg: str,
-          files: Iterable[str], info: Mapping[tuple[str, str], Mapping[str, Any]],
-          commit_columns: Mapping[str, set[str]],
-          allowed_groups: set[str] | None) -> bool:
+          files: Iterable[str], stats: FileStats, allowed_groups: set[str] | None) -> bool:
     if allowed_groups is not None and fg not in allowed_groups:
         return False
     part_preds = [p for p in preds if p.column in config.partition_by]
@@ -252,9 +331,7 @@ def _keep(config: TableConfig, schema: pa.Schema, preds: tuple[Predicate, ...], 
     for p in preds:
         if p.column in config.partition_by:
             continue
-        if not any(p.may_match(_file_stats(info.get((partition, n)), n, p.column, commit_columns),
-                               int(info.get((partition, n), {}).get("rows", 1)))
-                   for n in files):
+        if not any(p.may_match(stats.of(partition, n, p.column), stats.rows(partition, n)) for n in files):
             return False
     return True
 
@@ -268,6 +345,39 @@ def _file_stats(f: Mapping[str, Any] | None, name: str, column: str, commit_colu
     if cols is not None and column not in cols:
         return {"min": None, "max": None, "nulls": int(f["rows"])}  # column added after this file
     return None
+
+
+def _pinned_keys(config: TableConfig, preds: tuple[Predicate, ...]) -> tuple | None:
+    """The only record-key values a row may have (single-column keys, `=` / `in`), or None."""
+    if len(config.record_key) != 1:
+        return None
+    pinned = None
+    for p in preds:
+        values = p.pinned_values() if p.column == config.record_key[0] else None
+        if values is not None:
+            pinned = set(values) if pinned is None else pinned & set(values)
+    return None if pinned is None else tuple(pinned)
+
+
+def _by_key_filters(config: TableConfig, index: MetadataIndex, keys: tuple, task: ScanTask,
+                    stats: FileStats) -> ScanTask | None:
+    """The task with only the files whose key filter may hold one of `keys` (None if no file
+    may). Safe: a file without the key holds only rows of other keys, which the key predicate
+    removes after the merge anyway; every row of the key is still merged."""
+    texts = pc.cast(pa.array(list(keys), config.schema.field(config.record_key[0]).type), pa.string())
+    h1, h2 = bloom.key_hashes(texts)
+    kept = []
+    for name in task.files:
+        found = index.key_filter(task.partition, name)
+        if found is None or bloom.may_contain(found[0], h1, h2, found[1]).any():
+            kept.append(name)
+    if len(kept) == len(task.files):
+        return task
+    if not kept:
+        return None
+    single_live = len(kept) == 1 and bool(stats.info.get((task.partition, kept[0]), {}).get("live"))
+    size = sum(int(stats.info.get((task.partition, n), {}).get("bytes", 0)) for n in kept)
+    return ScanTask(task.partition, task.file_group_id, tuple(kept), merged_already=single_live, bytes=size)
 
 
 def _allowed_groups(config: TableConfig, preds: tuple[Predicate, ...]) -> set[str] | None:
@@ -297,30 +407,52 @@ def _output_schema(config: TableConfig, schema: pa.Schema, options: ReadOptions)
 
 def read_schema(storage: Storage, config: TableConfig, options: ReadOptions) -> pa.Schema:
     """The output schema of a read, without planning it."""
+    index = load_index(storage, options.use_metadata_table)  # before the listing (format.md §18.5)
     timeline = Timeline.load(storage)
     when = options.as_of if options.query_type != INCREMENTAL else (options.end or timeline.latest_completion())
-    return _output_schema(config, table_view(storage, config, timeline, when).schema, options)
+    return _output_schema(config, table_view(storage, config, timeline, when, index).schema, options)
+
+
+def _index_for(storage: Storage, config: TableConfig, options: ReadOptions) -> MetadataIndex | None:
+    """The metadata table partitions this read can use (statistics only for predicates on data
+    columns, key filters only for point lookups)."""
+    kinds = [FILES]
+    if any(p.column not in config.partition_by for p in options.predicates):
+        kinds.append(COLUMN_STATS)
+    if options.query_type != INCREMENTAL and _pinned_keys(config, options.predicates) is not None:
+        kinds.append(KEY_FILTERS)
+    return load_index(storage, options.use_metadata_table, kinds)
 
 
 def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline | None = None
               ) -> ScanPlan:
+    """Plan a read. A `timeline` given is used as the listing; it must be listed after the
+    metadata table is read, so pass one only with `use_metadata_table=False` (format.md §18.5)."""
+    # The metadata table is read before the timeline is listed: a clean that made it forget files
+    # then shows on the listing with its retained window, so no time the read accepts needs them.
+    index = _index_for(storage, config, options)
     timeline = timeline or Timeline.load(storage)
     if options.query_type == INCREMENTAL:
-        return _plan_incremental(storage, config, options, timeline)
+        return _plan_incremental(storage, config, options, timeline, index)
     if options.as_of is not None:
         check_readable(storage, timeline, options.as_of, "as_of")
-    view = table_view(storage, config, timeline, options.as_of)
+    view = table_view(storage, config, timeline, options.as_of, index)
     plan = ScanPlan(options, config, view.schema, _output_schema(config, view.schema, options),
-                    completion={i.instant: i.completion for i in view.completed})
-    info = view.file_info()
-    commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in view.metas.items()}
+                    completion={i.instant: i.completion for i in view.completed},
+                    metadata_used=index.used if index is not None else ())
+    stats = FileStats(storage, view, index)
     allowed = _allowed_groups(config, options.predicates)
+    keys = _pinned_keys(config, options.predicates) if index is not None and index.has(KEY_FILTERS) else None
     for (partition, fg), slices in slices_by_group(storage, view).items():
         files = files_to_merge(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
-        if files and _keep(config, view.schema, options.predicates, partition, fg, files, info, commit_columns, allowed):
-            single_live = len(files) == 1 and bool(info.get((partition, files[0]), {}).get("live"))
-            size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files)
-            plan.tasks.append(ScanTask(partition, fg, files, merged_already=single_live, bytes=size))
+        if files and _keep(config, view.schema, options.predicates, partition, fg, files, stats, allowed):
+            single_live = len(files) == 1 and bool(stats.info.get((partition, files[0]), {}).get("live"))
+            size = sum(int(stats.info.get((partition, n), {}).get("bytes", 0)) for n in files)
+            task = ScanTask(partition, fg, files, merged_already=single_live, bytes=size)
+            if keys is not None:
+                task = _by_key_filters(config, index, keys, task, stats)
+            if task is not None:
+                plan.tasks.append(task)
     return plan
 
 
@@ -346,7 +478,8 @@ def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -
         )
 
 
-def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline) -> ScanPlan:
+def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline,
+                      index: MetadataIndex | None = None) -> ScanPlan:
     latest = timeline.latest_completion()
     if latest is None:
         raise InvalidOptionError("incremental read: the table has no completed commits yet")
@@ -364,12 +497,13 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
             f"{retained}): the changes before it were cleaned, so this range cannot be answered in "
             f"full. Use begin >= {retained}."
         )
-    end_view = table_view(storage, config, timeline, end)
-    begin_view = table_view(storage, config, timeline, begin) if begin != _BEFORE_ALL else None
+    end_view = table_view(storage, config, timeline, end, index)
+    begin_view = table_view(storage, config, timeline, begin, index) if begin != _BEFORE_ALL else None
     in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]
     plan = ScanPlan(options, config, end_view.schema, _output_schema(config, end_view.schema, options),
                     completion={i.instant: i.completion for i in end_view.completed},
-                    change_completion={i.instant: i.completion for i in in_range}, end=end)
+                    change_completion={i.instant: i.completion for i in in_range}, end=end,
+                    metadata_used=index.used if index is not None else ())
     overwrites = [i.completion for i in in_range if i.action == REPLACE_COMMIT]
     reset = bool(overwrites)
     plan.reset_completion = max(overwrites, default=None)
@@ -380,8 +514,8 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     end_groups = slices_by_group(storage, end_view)
     begin_groups = slices_by_group(storage, begin_view) if begin_view else {}
     touched = set(range_files) | (set(begin_groups) if reset else set())
-    info = end_view.file_info()
-    commit_columns = {i: {f["name"] for f in m.get("schema", [])} for i, m in end_view.metas.items()}
+    stats = FileStats(storage, end_view, index)
+    info = stats.info
     allowed = _allowed_groups(config, options.predicates)
     for partition, fg in sorted(touched):
         end_files = (files_to_merge(end_groups[(partition, fg)], False, end_view.pending_compactions)
@@ -390,7 +524,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         if (options.is_cdc or reset) and (partition, fg) in begin_groups:
             begin_files = files_to_merge(begin_groups[(partition, fg)], False, begin_view.pending_compactions)
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
-                                            end_files or (), info, commit_columns, allowed):
+                                            end_files or (), stats, allowed):
             continue
         size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in (end_files or ()))
         plan.tasks.append(ScanTask(partition, fg, tuple(end_files or ()), tuple(begin_files or ()),

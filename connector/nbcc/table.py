@@ -14,6 +14,7 @@ from .compaction import maybe_compact, run_compaction, schedule_compaction
 from .heartbeat import Heartbeat, interval_s
 from .rollback import rollback_failed_writes, rollback_instant
 from .config import (
+    _bool_option,
     DEFAULT_BUCKETS,
     DEFAULT_HEARTBEAT_TIMEOUT_S,
     DEFAULT_LOCK_LEASE_MS,
@@ -26,7 +27,19 @@ from .config import (
 from .errors import InvalidOptionError, SchemaError, TableExistsError, TableNotFoundError
 from .file_slices import FileSlice
 from .filenames import make_token
-from .scan import ReadOptions, ScanPlan, check_readable, plan_scan, read_plan, slices_by_group, table_view
+from .index_view import load_index
+from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
+from .metadata_table import KINDS
+from .scan import (
+    ReadOptions,
+    ScanPlan,
+    TableView,
+    check_readable,
+    plan_scan,
+    read_plan,
+    slices_by_group,
+    table_view,
+)
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
@@ -216,22 +229,50 @@ class Table:
             self.run_compaction(tc, progress)
         return tc
 
+    # -- the metadata table ------------------------------------------------------------------
+
+    def build_index(self, partitions: str | Sequence[str] = KINDS, timeout_s: float = DEFAULT_TIMEOUT_S,
+                    progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Build metadata table partitions (`files`, `column_stats`, `key_filters`) while writers
+        keep writing; resumes an indexing that a crash or a timeout left pending. Returns
+        {"instants": indexing instants run, "ready": every ready partition}. `timeout_s`: how
+        long to wait for writes in flight before giving up (re-run to resume)."""
+        return build_index(self.storage, self.clock, partitions, timeout_s, progress)
+
+    def drop_index(self, partitions: str | Sequence[str]) -> dict[str, Any]:
+        """Stop using metadata table partitions and delete them; reads plan from the timeline."""
+        return drop_index(self.storage, self.clock, partitions)
+
+    def index_state(self) -> dict[str, Any]:
+        """{"partitions": kind -> "building" | "ready", "pending": indexing instants pending}."""
+        return index_state(self.storage)
+
     # -- reading -----------------------------------------------------------------------------
+
+    def _view(self, when: str | None, use_metadata_table: Any = None, check: bool = False) -> TableView:
+        """The table as of `when`: the metadata table is read before the timeline is listed
+        (format.md §18.5); with `check`, `when` must be readable."""
+        use = _bool_option("use_metadata_table")(use_metadata_table) if use_metadata_table is not None else None
+        index = load_index(self.storage, use)
+        timeline = Timeline.load(self.storage)
+        if check and when is not None:
+            check_readable(self.storage, timeline, when, "as_of")
+        return table_view(self.storage, self.config, timeline, when, index)
 
     def plan(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
              incremental_format: str | None = None, include_meta_columns: Any = False,
-             filter: Any = None) -> ScanPlan:
+             filter: Any = None, use_metadata_table: Any = None) -> ScanPlan:
         """Plan a read (see `read`): its output schema and its tasks, one per file group read."""
-        timeline = Timeline.load(self.storage)
-        schema = table_view(self.storage, self.config, timeline, None).schema if filter is not None else None
+        schema = self._view(None, use_metadata_table).schema if filter is not None else None
         options = ReadOptions.build(query_type=query_type, as_of=as_of, begin=begin, end=end,
                                     incremental_format=incremental_format,
-                                    include_meta_columns=include_meta_columns, filter=filter, schema=schema)
-        return plan_scan(self.storage, self.config, options, timeline)
+                                    include_meta_columns=include_meta_columns, filter=filter, schema=schema,
+                                    use_metadata_table=use_metadata_table)
+        return plan_scan(self.storage, self.config, options)
 
     def read(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
              incremental_format: str | None = None, include_meta_columns: Any = False,
-             filter: Any = None) -> pa.Table:
+             filter: Any = None, use_metadata_table: Any = None) -> pa.Table:
         """Read the table; with no arguments, the merged snapshot (one row per live record key).
 
         as_of: a 17-digit instant time or ISO-8601 timestamp: the state made of the commits that
@@ -246,16 +287,18 @@ class Table:
             _nbcc_partition and _nbcc_file_group.
         filter: a list of (column, op, value) tuples (all must hold; used to skip partitions,
             buckets and files, see nbcc.expr) or a pyarrow compute expression (applied to rows).
+        use_metadata_table: False plans from the timeline alone; by default the metadata table's
+            ready partitions are used (same rows, fewer files read to plan).
         """
         plan = self.plan(as_of=as_of, query_type=query_type, begin=begin, end=end,
                          incremental_format=incremental_format, include_meta_columns=include_meta_columns,
-                         filter=filter)
+                         filter=filter, use_metadata_table=use_metadata_table)
         return read_plan(self.storage, plan)
 
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""
         when = parse_time_option(as_of, "as_of") if as_of is not None else None
-        return table_view(self.storage, self.config, Timeline.load(self.storage), when).schema
+        return self._view(when).schema
 
     def timeline(self) -> list[Instant]:
         """Every instant on the timeline, oldest first."""
@@ -264,10 +307,7 @@ class Table:
     def file_slices(self, as_of: Any = None) -> list[FileSlice]:
         """The latest file slice of every file group, by partition and file group."""
         when = parse_time_option(as_of, "as_of") if as_of is not None else None
-        timeline = Timeline.load(self.storage)
-        if when is not None:
-            check_readable(self.storage, timeline, when, "as_of")
-        view = table_view(self.storage, self.config, timeline, when)
+        view = self._view(when, check=True)
         return [slices[0] for _, slices in sorted(slices_by_group(self.storage, view).items())]
 
     def __repr__(self) -> str:

@@ -29,6 +29,9 @@ DATA_ACTIONS = (DELTA_COMMIT, REPLACE_COMMIT)  # the commits that change records
 COMPACTION = "compaction"  # a pending compaction: <Tc>.compaction.requested holds its plan
 COMPACTION_COMMIT = "commit"  # a completed compaction: <Tc>_<completion>.commit lists base files
 CLEAN = "clean"  # files deleted: <instant>_<completion>.clean records them and the window kept
+# Building metadata table partitions (indexing.py): <Ti>.indexing.requested holds the plan. Adds
+# no files and changes no record: readers, slicing and the other services pass it by.
+INDEXING = "indexing"
 
 REQUESTED, INFLIGHT, COMPLETED = "requested", "inflight", "completed"
 ROLLEDBACK = "rolledback"  # a failed write undone: <instant>.<action>.rolledback
@@ -124,7 +127,7 @@ def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
     if not instant.is_completed:
         raise CommitError(f"instant {instant.instant} is {instant.state}; only completed instants have metadata")
     if instant.archived:
-        return _HISTORY_METADATA[(storage.uri, instant.instant)]
+        return _archived_metadata(storage, instant.instant)
     key = (storage.uri, instant.file_name)
     with _CACHE_LOCK:
         hit = _CACHE.get(key)
@@ -136,7 +139,7 @@ def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
     except FileNotFoundError:
         load_history(storage)  # archived since it was listed
         if (storage.uri, instant.instant) in _HISTORY_METADATA:
-            return _HISTORY_METADATA[(storage.uri, instant.instant)]
+            return _archived_metadata(storage, instant.instant)
         raise
     with _CACHE_LOCK:
         _CACHE[key] = meta
@@ -217,8 +220,18 @@ def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
 
 HISTORY_DIR = ".nbcc/history"
 _HISTORY_FILES: dict[tuple[str, str], list[Instant]] = {}
-_HISTORY_METADATA: dict[tuple[str, str], dict[str, Any]] = {}
+# Metadata of archived instants: JSON text until first asked for (a plan from the metadata table
+# needs only the instants and completion times of the history, not thousands of parsed commits).
+_HISTORY_METADATA: dict[tuple[str, str], dict[str, Any] | str] = {}
 _HISTORY_PLANS: dict[tuple[str, str], dict[str, Any]] = {}
+
+
+def _archived_metadata(storage: Storage, instant: str) -> dict[str, Any]:
+    key = (storage.uri, instant)
+    meta = _HISTORY_METADATA[key]
+    if isinstance(meta, str):
+        meta = _HISTORY_METADATA[key] = json.loads(meta)  # a race parses it twice: harmless
+    return meta
 
 
 def load_history(storage: Storage) -> list[Instant]:
@@ -239,7 +252,7 @@ def load_history(storage: Storage) -> list[Instant]:
             for r in rows:
                 cached.append(Instant(r["instant"], r["action"], r["state"], r["completion"], archived=True))
                 if r["state"] == COMPLETED:
-                    _HISTORY_METADATA[(storage.uri, r["instant"])] = json.loads(r["metadata"])
+                    _HISTORY_METADATA[(storage.uri, r["instant"])] = r["metadata"]
                 if r.get("plan"):
                     _HISTORY_PLANS[(storage.uri, r["instant"])] = json.loads(r["plan"])
             with _CACHE_LOCK:

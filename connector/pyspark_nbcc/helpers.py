@@ -15,6 +15,8 @@ from nbcc.compaction import compact_file_group, complete_compaction
 from nbcc.config import parse_options
 from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
+from nbcc.indexing import DEFAULT_TIMEOUT_S, build_index as _build_index, index_instants
+from nbcc.metadata_table import KINDS
 from nbcc.timeline import Timeline, read_compaction_plan
 
 CONF_PREFIX = "spark.nbcc."
@@ -104,3 +106,22 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
     files = rdd.map(merge_group).collect()
     complete_compaction(table.storage, table.clock, tc, files)  # None: another run completed it
     return tc
+
+
+def build_index(spark: SparkSession, uri: str, partitions: str | Sequence[str] = KINDS, *,
+                timeout_s: float = DEFAULT_TIMEOUT_S, **options: Any) -> dict[str, Any]:
+    """Build metadata table partitions of the table at `uri` on Spark (see `Table.build_index`):
+    the driver schedules the indexing (or resumes a pending one); the instants written before it
+    are indexed by Spark tasks, a chunk of instants each, every task writing its entries as its
+    own commit of the metadata table (its writers never conflict); the driver then catches up
+    with the writes that completed meanwhile and completes it. `options`: `storage.*` options."""
+    _, storage_options = parse_options(options, {}, "indexing")
+    table = Table.open(uri, storage_options)
+    storage = table.storage
+
+    def execute(kinds: Sequence[str], chunks: list[list[str]]) -> None:
+        wanted = list(kinds)
+        rdd = spark.sparkContext.parallelize(chunks, len(chunks))
+        rdd.map(lambda chunk: index_instants(storage, wanted, chunk)).collect()
+
+    return _build_index(storage, table.clock, partitions, timeout_s, execute=execute)

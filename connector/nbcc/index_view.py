@@ -1,0 +1,243 @@
+"""Reading the metadata table for a plan (metadata_table.py): the files each instant added, their
+statistics and their key filters.
+
+What a reader takes from it, and why the result is the same as from the timeline:
+- `files`: only for completed instants of its own timeline listing that have a marker (all their
+  files were written with the marker, in one commit); any other completed instant is read from
+  its commit file as before. Entries of instants that never completed, or completed after the
+  time read, are never looked at. A clean removes the entries of the files it deleted, which no
+  readable state needs (format.md §18.5).
+- `column_stats` and `key_filters`: an entry describes the file's own content, so it is right
+  whenever that file is read; a file without one is "unknown" (kept).
+The merged rows of each kind are cached per process by the metadata table's file list (files
+never change), so planning again costs two timeline listings.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import OrderedDict, defaultdict
+from typing import Any, Callable, Iterable
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import DataFileError
+from .schema import COMMIT_TIME_COL, IS_DELETED_COL
+from .metadata_table import COLUMN_STATS, FILES, KEY_FILTERS, READY, file_key, open_metadata_table, read_states
+from .storage import Storage
+from .timeline import COMPACTION_COMMIT, Instant, Timeline, read_commit_metadata
+
+log = logging.getLogger(__name__)
+
+_CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+_CACHE_SIZE = 64  # merged kinds and files of the metadata table
+
+
+class _Kind:
+    """The merged rows of one kind, with lookups by file and the instants it has markers of."""
+
+    def __init__(self, rows: pa.Table):
+        self.all_rows = rows
+        is_marker = pc.is_null(rows.column("name"))
+        markers = rows.filter(is_marker)
+        self.markers = dict(zip(markers.column("instant").to_pylist(), range(markers.num_rows)))
+        self.marker_rows = markers
+        self.rows = rows.filter(pc.invert(is_marker))
+        self.index = dict(zip(self.rows.column("key").to_pylist(), range(self.rows.num_rows)))
+        self._by_instant: dict[str, list[dict[str, Any]]] | None = None
+        self._schemas: dict[str, Any] = {}
+
+    def by_instant(self) -> dict[str, list[dict[str, Any]]]:
+        """instant -> descriptors of its files (as in commit metadata), built once."""
+        if self._by_instant is None:
+            cols = ["instant", "partition", "file_group", "name", "rows", "bytes", "live"]
+            out: dict[str, list[dict[str, Any]]] = defaultdict(list)
+            for d in self.rows.select(cols).to_pylist():
+                out[d["instant"]].append(d)
+            self._by_instant = dict(out)
+        return self._by_instant
+
+    def schema_of(self, instant: str) -> Any:
+        text = self.marker_rows.column("schema")[self.markers[instant]].as_py()
+        if text not in self._schemas:  # few distinct schemas: parse each once
+            self._schemas[text] = json.loads(text) if text else []
+        return self._schemas[text]
+
+    def row(self, partition: str, name: str) -> int | None:
+        return self.index.get(file_key(partition, name))
+
+
+def read_rows(mdt: Any, kind: str, columns: Iterable[str] | None = None) -> pa.Table:
+    """The merged rows of one kind of the metadata table (only `columns` and the key columns, if
+    given), markers included."""
+    if columns is not None:
+        columns = ["kind", "key", "instant", "name"] + [c for c in columns if c not in ("kind", "key", "instant", "name")]
+    return _read_kinds(mdt, [kind], columns)[kind].all_rows
+
+
+def indexed_instants(mdt: Any, kinds: Iterable[str]) -> dict[str, set[str]]:
+    """kind -> the instants it has a marker of (the indexer's progress)."""
+    read = _read_kinds(mdt, kinds, ("kind", "key", "instant", "name"))
+    return {k: set(v.markers) for k, v in read.items()}
+
+
+def _cached(key: tuple, make: Callable[[], Any], size: int) -> Any:
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    hit = make()
+    with _CACHE_LOCK:
+        _CACHE[key] = hit
+        while len(_CACHE) > size:
+            _CACHE.popitem(last=False)
+    return hit
+
+
+def _recent(mdt: Any, kinds: Iterable[str]) -> Timeline:
+    """The part of the metadata table's timeline that its latest snapshot of `kinds` depends on.
+
+    Its newest file slices start at the latest completed compaction of each kind's file group
+    (Tc): every older file is in an older slice, superseded. So only that compaction and the
+    instants that completed after the earliest such Tc, and the pending ones, are needed; the
+    metadata of the rest (every delta commit ever made) is never read. A kind never compacted
+    needs everything."""
+    timeline = Timeline.load(mdt.storage)
+    groups = {f"kind={k}" for k in kinds}
+    barrier: dict[str, str] = {}
+    for inst in sorted((i for i in timeline.completed() if i.action == COMPACTION_COMMIT),
+                       key=lambda i: i.instant, reverse=True):
+        if barrier.keys() >= groups:
+            break
+        for f in read_commit_metadata(mdt.storage, inst)["files"]:
+            barrier.setdefault(f["partition"], inst.instant)
+    if not barrier.keys() >= groups:
+        return timeline
+    low = min(barrier[g] for g in groups)
+    return Timeline(i for i in timeline.instants if not i.is_completed or i.completion > low)
+
+
+def _read_kinds(mdt: Any, kinds: Iterable[str], columns: Iterable[str] | None = None) -> dict[str, _Kind]:
+    """The merged rows of each kind. Each file of the metadata table is read once per process
+    (files never change), so a new delta commit costs one small file, not the whole kind."""
+    from .merge import merge_records
+    from .reader import read_columns
+    from .scan import ReadOptions, plan_scan
+
+    storage, config = mdt.storage, mdt.config
+    plan = plan_scan(storage, config, ReadOptions(use_metadata_table=False), _recent(mdt, kinds))
+    schema = plan.schema if columns is None else pa.schema([plan.schema.field(c) for c in columns])
+    names = tuple(schema.names) + (COMMIT_TIME_COL, IS_DELETED_COL)
+    out = {}
+    for kind in kinds:
+        tasks = [t for t in plan.tasks if t.partition == f"kind={kind}"]
+
+        def merged() -> _Kind:
+            parts = []
+            for t in tasks:
+                files = [_cached((mdt.uri, t.partition, n, names),
+                                 lambda n=n, t=t: read_columns(storage, t.partition, [n], names).select(names),
+                                 _CACHE_SIZE) for n in t.files]
+                rows = pa.concat_tables(files) if files else None
+                if rows is not None and not t.merged_already:  # files in log order: merge by key
+                    rows = merge_records(rows, config.record_key, None, config.merge_mode)
+                if rows is not None:
+                    parts.append(rows.select(schema.names))
+            return _Kind(pa.concat_tables(parts) if parts else schema.empty_table())
+
+        key = (mdt.uri, kind, tuple(schema.names), tuple((t.file_group_id, t.files) for t in tasks))
+        out[kind] = _cached(key, merged, _CACHE_SIZE)
+    return out
+
+
+class MetadataIndex:
+    """The ready partitions of a table's metadata table, as read for one plan."""
+
+    def __init__(self, kinds: dict[str, _Kind]):
+        self.kinds = kinds
+
+    def has(self, kind: str) -> bool:
+        return kind in self.kinds
+
+    @property
+    def used(self) -> tuple[str, ...]:
+        return tuple(sorted(self.kinds))
+
+    # -- files -----------------------------------------------------------------------------------
+
+    def file_metas(self, instants: Iterable[Instant]) -> dict[str, dict[str, Any]]:
+        """Commit metadata (schema and files) of the given instants that the index covers."""
+        kind = self.kinds[FILES]
+        files = kind.by_instant()
+        return {i.instant: {"instant": i.instant, "action": i.action, "schema": kind.schema_of(i.instant),
+                            "files": files.get(i.instant, [])}
+                for i in instants if i.instant in kind.markers}
+
+    # -- column statistics -------------------------------------------------------------------------
+
+    def covers_stats(self, instant: str) -> bool:
+        return COLUMN_STATS in self.kinds and instant in self.kinds[COLUMN_STATS].markers
+
+    def file_stats(self, partition: str, name: str, types: dict[str, pa.DataType]) -> dict[str, Any] | None:
+        """{column: {"min", "max", "nulls"}} of one file as commit metadata records it; None if
+        the index has no statistics of it."""
+        kind = self.kinds.get(COLUMN_STATS)
+        i = kind.row(partition, name) if kind is not None else None
+        if i is None:
+            return None
+        r = {c: kind.rows.column(c)[i].as_py() for c in ("columns", "mins", "maxs", "nulls", "ranges")}
+        out = {}
+        for col, lo, hi, nulls, ranged in zip(r["columns"], r["mins"], r["maxs"], r["nulls"], r["ranges"]):
+            st: dict[str, Any] = {"nulls": nulls}
+            if ranged:
+                st["min"], st["max"] = _value(lo, types.get(col)), _value(hi, types.get(col))
+            out[col] = st
+        return out
+
+    # -- key filters -----------------------------------------------------------------------------
+
+    def key_filter(self, partition: str, name: str) -> tuple[bytes, int] | None:
+        kind = self.kinds.get(KEY_FILTERS)
+        i = kind.row(partition, name) if kind is not None else None
+        if i is None:
+            return None
+        return kind.rows.column("bloom")[i].as_py(), kind.rows.column("probes")[i].as_py()
+
+
+def _value(text: str | None, t: pa.DataType | None) -> Any:
+    """A statistic back in the form of commit metadata (dates stay ISO text)."""
+    if text is None or t is None:
+        return text
+    if pa.types.is_integer(t):
+        return int(text)
+    if pa.types.is_boolean(t):
+        return text == "true"
+    return text
+
+
+def load_index(storage: Storage, use: bool | None, kinds: Iterable[str] = (FILES,)) -> MetadataIndex | None:
+    """The ready partitions among `kinds`, read; None if there are none (or `use` is False), in
+    which case the reader goes by the timeline alone. A metadata table that cannot be read (its
+    cleaner deleted a file this read planned to open) is read again once, then left out."""
+    if use is False:
+        return None
+    ready = {k for k, v in read_states(storage).items() if v == READY}
+    wanted = [k for k in kinds if k in ready]
+    if not wanted:
+        return None
+    mdt = open_metadata_table(storage)
+    if mdt is None:
+        return None
+    for attempt in (1, 2):
+        try:
+            return MetadataIndex(_read_kinds(mdt, wanted))
+        except (DataFileError, FileNotFoundError) as exc:
+            if attempt == 2:
+                log.warning("the metadata table of %s could not be read (%s); planning from the timeline",
+                            storage.uri, exc)
+    return None
