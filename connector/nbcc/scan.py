@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 from . import bloom
 from .buckets import bucket_ids, file_group_id
 from .clock import parse_time_option
-from .config import TableConfig, _bool_option
+from .config import COMMIT_TIME, PARTIAL_UPDATE, TableConfig, _bool_option
 from .errors import InvalidOptionError
 from .expr import Predicate, conjunction, parse_filter
 from .file_slices import FileSlice, build_file_slices
@@ -235,6 +235,7 @@ class ScanTask:
     range_files: tuple[str, ...] = ()  # incremental: log files of the commits in the range
     reset: bool = False  # an overwrite in the range: every key of the earlier state changed
     merged_already: bool = False  # `files` is one base file with one live row per key
+    range_only: bool = False  # incremental: `files` are the range's files, which outrank all older ones
     bytes: int = 0  # size of the files to read (to pack tasks into engine partitions)
 
 
@@ -526,10 +527,58 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
                                             end_files or (), stats, allowed):
             continue
-        size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in (end_files or ()))
-        plan.tasks.append(ScanTask(partition, fg, tuple(end_files or ()), tuple(begin_files or ()),
-                                   tuple(range_files.get((partition, fg), ())), reset, bytes=size))
+        in_range = tuple(range_files.get((partition, fg), ()))
+        range_only = (not options.is_cdc and not reset
+                      and _range_outranks_older(config, end_view.schema, partition, end_files or (), in_range, stats))
+        files = in_range if range_only else tuple(end_files or ())
+        size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files)
+        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), in_range, reset,
+                                   range_only=range_only, bytes=size))
     return plan
+
+
+def _range_outranks_older(config: TableConfig, schema: pa.Schema, partition: str, end_files: Iterable[str],
+                          in_range: tuple[str, ...], stats: FileStats) -> bool:
+    """Whether every record of the range's files outranks every older record of the file group
+    (format.md §12.3), so that their merge alone is the state as of `end` of every key they touch
+    and the older files need not be read. The usual case: commits whose instants and ordering
+    values grow with time. It holds when the range's files are all in the slice read as of `end`
+    (no compaction folded them), every other file of it has an older instant (a base file's rows
+    are older than its compaction's instant), and, with an ordering field, the range's ordering
+    values are no smaller than the greatest of the older files (equal values: the later record
+    wins). A null one is a natural delete (writers refuse it in upserts), which cuts every older
+    record anyway. Unknown statistics: no."""
+    if config.merge_mode == PARTIAL_UPDATE or not in_range:
+        return False  # partial_update builds a row from every older record's columns
+    end_set = set(end_files)
+    if not end_set.issuperset(in_range):
+        return False
+    older = [n for n in end_set if n not in set(in_range)]
+    if not older:
+        return True
+    if max(parse_data_file(n).instant for n in older) >= min(parse_data_file(n).instant for n in in_range):
+        return False  # a commit completed late: log order is by instant
+    if config.merge_mode == COMMIT_TIME:
+        return True
+    ordering = config.ordering_field
+    if not pa.types.is_integer(schema.field(ordering).type):
+        return False  # statistics compare exactly only as integers
+    range_min = None
+    for n in in_range:
+        st = stats.of(partition, n, ordering)
+        if st is None or "min" not in st:
+            return False
+        if st["min"] is not None:
+            range_min = st["min"] if range_min is None else min(range_min, st["min"])
+    if range_min is None:
+        return True  # only natural deletes
+    for n in older:
+        st = stats.of(partition, n, ordering)
+        if st is None or "max" not in st:
+            return False
+        if st["max"] is not None and st["max"] > range_min:
+            return False
+    return True
 
 
 # -- running a task ----------------------------------------------------------------------------
@@ -554,7 +603,9 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     if options.is_cdc:
         yield _read_cdc(storage, plan, task)
         return
-    touched = _touched_keys(storage, plan, task) if options.query_type == INCREMENTAL else None
+    touched = None
+    if options.query_type == INCREMENTAL and not task.range_only:  # else every key in the files changed
+        touched = _touched_keys(storage, plan, task)
     expr = conjunction(options.predicates, options.arrow_filter)
     for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
                              include_meta=options.include_meta_columns or options.query_type == INCREMENTAL,
