@@ -55,8 +55,8 @@ def _file_stream(spark, folder: Path):
     return spark.readStream.schema(IN_SCHEMA).option("maxFilesPerTrigger", 1).parquet(str(folder))
 
 
-def _sink(df, uri: str, checkpoint: Path, **options):
-    w = df.writeStream.format("nbcc").option("checkpointLocation", str(checkpoint))
+def _sink(df, uri: str, checkpoint: Path, fmt: str = "nbcc", **options):
+    w = df.writeStream.format(fmt).option("checkpointLocation", str(checkpoint))
     for k, v in {"record_key": "id", "ordering_field": "ts", "buckets": "4", **options}.items():
         w = w.option(k, v)
     return w.trigger(availableNow=True).start(uri)
@@ -289,21 +289,161 @@ def test_a_batch_killed_before_its_commit_is_committed_once_when_replayed(spark,
     assert _ids(nbcc.Table.open(uri).read()) == list(range(30))
 
 
+def test_a_batch_killed_before_its_commit_and_rolled_back_is_written_again_once(spark, tmp_path):
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 10), "a"), _rows(range(10, 20), "a"),
+                                       _rows(range(20, 30), "a")])
+    _run_child_until_frozen(tmp_path, inputs, ckpt, uri, "before_commit", batch=1)
+
+    table = nbcc.Table.open(uri)
+    pending = [i.instant for i in table.timeline() if i.state in ("requested", "inflight")]
+    assert len(pending) == 1 and any(pending[0] in n for n in os.listdir(uri))
+    # The application is dead: a cleaner finds the batch's heartbeat expired and rolls it back.
+    table.clean(heartbeat_timeout_s=0)
+    assert {i.instant: i.state for i in table.timeline()}[pending[0]] == "rolledback"
+    assert not [n for n in os.listdir(uri) if pending[0] in n]
+
+    _run(_sink(_file_stream(spark, inputs).repartition(2), uri, ckpt))  # replays batch 1
+
+    commits = _data_commits(uri)
+    assert [(c["batch_id"], c["rows"]) for c in commits] == [(0, 10), (1, 10), (2, 10)]
+    again = commits[1]["instant"]
+    assert again > pending[0], "the replay writes batch 1 in a new instant, after the rolled-back one"
+    states = {i.instant: i.state for i in table.timeline()}
+    assert states[pending[0]] == "rolledback" and states[again] == "completed"
+    got = nbcc.Table.open(uri).read(include_meta_columns=True).sort_by("id")
+    assert _ids(got) == list(range(30))
+    assert {r["_nbcc_commit_time"] for r in got.to_pylist() if 10 <= r["id"] < 20} == {again}
+
+
+def _overlap_rows(ids, v, even_ts, odd_ts):
+    ids = list(ids)
+    return pa.table({"id": ids, "v": [f"{v}{i}" for i in ids],
+                     "ts": [even_ts if i % 2 == 0 else odd_ts for i in ids]}, schema=ARROW_SCHEMA)
+
+
+def _gated_source(uri: str, gates: dict):
+    """A data source named nbcc_gated whose sink, before committing batch `b` of stream `s`,
+    waits until the timeline holds the completed commit `gates[(s, b)]` (another stream's batch):
+    commits of two queries then complete in an order known in advance, without timing."""
+    from pyspark_nbcc import DefaultSource
+    from pyspark_nbcc.streaming import NbccStreamWriter
+
+    # Defined in here, so that Spark pickles them by value into the Python worker that runs the
+    # sink's commit (another process, which cannot import this test module).
+    def committed(stream_id, batch_id):
+        from nbcc.timeline import read_commit_metadata
+        table = nbcc.Table.open(uri)
+        metas = (read_commit_metadata(table.storage, i) for i in table.timeline() if i.state == "completed")
+        return any((m.get("stream_id"), m.get("batch_id")) == (stream_id, batch_id) for m in metas)
+
+    class GatedWriter(NbccStreamWriter):
+        def commit(self, messages, batchId):
+            wait_for = gates.get((self.stream_id, batchId))
+            deadline = time.monotonic() + TIMEOUT_S  # never hangs the test, whatever goes wrong
+            while wait_for is not None and not committed(*wait_for):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"gave up waiting for commit {wait_for}")
+                time.sleep(0.1)
+            super().commit(messages, batchId)
+
+    class GatedSource(DefaultSource):
+        @classmethod
+        def name(cls):
+            return "nbcc_gated"
+
+        def streamWriter(self, schema, overwrite):
+            w = super().streamWriter(schema, overwrite)
+            return GatedWriter(w.config, w.template, w.stream_id, w.max_log_file_bytes, w.compaction_trigger)
+
+    return GatedSource
+
+
 def test_two_streaming_queries_write_one_table_at_once(spark, tmp_path):
     uri = str(tmp_path / "t")
     nbcc.Table.create(uri, ARROW_SCHEMA, "id", ordering_field="ts", buckets=4)
-    a = _inputs(tmp_path / "a", [_rows(range(i * 10, i * 10 + 10), "a") for i in range(3)])
-    b = _inputs(tmp_path / "b", [_rows(range(100 + i * 10, 110 + i * 10), "b") for i in range(3)])
-    qa = _sink(_file_stream(spark, a), uri, tmp_path / "ckpt-a")
-    qb = _sink(_file_stream(spark, b), uri, tmp_path / "ckpt-b")
+    # Both queries upsert keys 15..29. There the greater ts wins whatever the commit order: a's
+    # rows for even keys, b's for odd keys.
+    a = _inputs(tmp_path / "a", [_overlap_rows(range(i * 10, i * 10 + 10), "a", 2, 1) for i in range(3)])
+    b = _inputs(tmp_path / "b", [_overlap_rows(range(15 + i * 10, 25 + i * 10), "b", 1, 2) for i in range(3)])
+    # a's batch 0 commits after b's batch 0, and b's batch 1 after a's batch 0: interleaved.
+    spark.dataSource.register(_gated_source(uri, {("a", 0): ("b", 0), ("b", 1): ("a", 0)}))
+    qa = _sink(_file_stream(spark, a), uri, tmp_path / "ckpt-a", fmt="nbcc_gated", stream_id="a")
+    qb = _sink(_file_stream(spark, b), uri, tmp_path / "ckpt-b", fmt="nbcc_gated", stream_id="b")
     _run(qa)
     _run(qb)
 
-    commits = _data_commits(uri)
-    assert sorted(c["batch_id"] for c in commits if c["stream_id"] == qa.id) == [0, 1, 2]
-    assert sorted(c["batch_id"] for c in commits if c["stream_id"] == qb.id) == [0, 1, 2]
-    assert len(commits) == 6
-    assert _ids(nbcc.Table.open(uri).read()) == list(range(30)) + list(range(100, 130))
+    commits = [(c["stream_id"], c["batch_id"]) for c in _data_commits(uri)]
+    assert sorted(commits) == [("a", 0), ("a", 1), ("a", 2), ("b", 0), ("b", 1), ("b", 2)]
+    assert commits.index(("b", 0)) < commits.index(("a", 0)) < commits.index(("b", 1))
+    assert {i.state for i in nbcc.Table.open(uri).timeline()} == {"completed"}  # nothing failed
+    assert _spark_commits(tmp_path / "ckpt-a") == _spark_commits(tmp_path / "ckpt-b") == [0, 1, 2]
+
+    def winner(k):
+        if k < 15 or (k < 30 and k % 2 == 0):
+            return {"id": k, "v": f"a{k}", "ts": 2 if k % 2 == 0 else 1}
+        return {"id": k, "v": f"b{k}", "ts": 2 if k % 2 else 1}
+    assert nbcc.Table.open(uri).read().sort_by("id").to_pylist() == [winner(k) for k in range(45)]
+
+
+def test_a_failing_compaction_after_a_batch_commit_is_logged_and_the_query_goes_on(spark, tmp_path):
+    from pyspark_nbcc import DefaultSource
+    from pyspark_nbcc.streaming import NbccStreamWriter
+
+    uri, log_path = str(tmp_path / "t"), str(tmp_path / "sink.log")
+
+    # Defined in here, so that Spark pickles them by value into the Python worker that runs the
+    # sink's commit: the compaction is made to fail in that process, and its log kept.
+    class FailingCompactionWriter(NbccStreamWriter):
+        def commit(self, messages, batchId):
+            import logging
+            import nbcc.compaction
+
+            def fail(*args, **kwargs):
+                raise OSError("the storage refused the compacted base file")
+
+            handler = logging.FileHandler(log_path)
+            logger = logging.getLogger("pyspark_nbcc.streaming")
+            real, nbcc.compaction.run_compaction = nbcc.compaction.run_compaction, fail
+            logger.addHandler(handler)
+            try:
+                super().commit(messages, batchId)
+            finally:
+                nbcc.compaction.run_compaction = real
+                logger.removeHandler(handler)
+                handler.close()
+
+    class FailingCompactionSource(DefaultSource):
+        @classmethod
+        def name(cls):
+            return "nbcc_failing_compaction"
+
+        def streamWriter(self, schema, overwrite):
+            w = super().streamWriter(schema, overwrite)
+            return FailingCompactionWriter(w.config, w.template, w.stream_id, w.max_log_file_bytes,
+                                           w.compaction_trigger)
+
+    spark.dataSource.register(FailingCompactionSource)
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 10), "a"), _rows(range(5, 15), "b", ts=2),
+                                       _rows(range(15, 20), "a")])
+    ckpt = tmp_path / "ckpt"
+    _run(_sink(_file_stream(spark, inputs), uri, ckpt, fmt="nbcc_failing_compaction",
+               compaction_delta_commits="1", compaction_inline="true"))
+
+    assert [c["batch_id"] for c in _data_commits(uri)] == [0, 1, 2]
+    assert _spark_commits(ckpt) == [0, 1, 2]
+    logged = Path(log_path).read_text()
+    assert "streaming batch 0 of stream" in logged and "the compaction after it failed" in logged
+    assert "the storage refused the compacted base file" in logged
+    # The compaction scheduled after batch 0 is left pending (later batches leave it alone); it
+    # can be finished afterwards, and the rows are the same either way.
+    table = nbcc.Table.open(uri)
+    expected = [{"id": i, "v": f"{'b' if 5 <= i < 15 else 'a'}{i}", "ts": 2 if 5 <= i < 15 else 1}
+                for i in range(20)]
+    assert table.read().sort_by("id").to_pylist() == expected
+    [pending] = table.pending_compactions()
+    assert table.run_compaction(pending) is not None
+    assert table.read().sort_by("id").to_pylist() == expected
 
 
 def test_complete_output_mode_replaces_the_table_each_micro_batch(spark, tmp_path):
@@ -545,6 +685,28 @@ def test_source_from_earliest_after_a_clean_and_an_offset_behind_the_cleaner(spa
     query, batches = _collecting_stream(spark, uri, tmp_path / "behind")
     with pytest.raises(StreamingQueryException, match="before the oldest retained commit"):
         _run(query)
+
+
+def test_source_use_metadata_table_option(spark, tmp_path):
+    from pyspark_nbcc.streaming import stream_reader
+
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 5), range(5, 10))
+    table.build_index("files")
+    for flag in ("true", "false"):
+        query, batches = _collecting_stream(spark, uri, tmp_path / f"c-{flag}", max_commits_per_trigger=1,
+                                            use_metadata_table=flag)
+        _run(query)
+        assert batches == [(0, list(range(5))), (1, list(range(5, 10)))]
+        # The same rows either way; the plan shows whether the metadata table was used.
+        reader = stream_reader({"path": uri, "use_metadata_table": flag}, None)
+        parts = reader.partitions(reader.initialOffset(), {"completion": _data_commits(uri)[-1]["completion"]})
+        assert parts and {p.plan.metadata_used for p in parts} == {("files",) if flag == "true" else ()}
+
+    with pytest.raises(Exception, match=r"unknown streaming read option\(s\): use_metadata_tabel"):
+        spark.readStream.format("nbcc").option("use_metadata_tabel", "false").load(uri)
+    with pytest.raises(Exception, match="'use_metadata_table' must be true or false"):
+        spark.readStream.format("nbcc").option("use_metadata_table", "maybe").load(uri)
 
 
 def test_source_options_are_checked(spark, tmp_path):

@@ -976,3 +976,28 @@ def test_a_compaction_plan_names_the_earliest_write_still_pending(tmp_path):
                          slow.instant))
     slow.commit(writer.close())
     assert table.read().to_pylist() == [{"id": 1, "ts": 3}]
+
+
+def test_a_failing_inline_compaction_leaves_the_write_committed_and_logs_why(tmp_path, monkeypatch, caplog):
+    import nbcc.compaction
+
+    table = nbcc.Table.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("v", pa.string())]), "id",
+                              buckets=2)
+    table.write(pa.table({"id": [1, 2], "v": ["a", "b"]}))
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full while writing the base file")
+
+    monkeypatch.setattr(nbcc.compaction, "run_compaction", fail)
+    with caplog.at_level("WARNING", logger="nbcc.table"):
+        instant = table.write(pa.table({"id": [2], "v": ["B"]}), compaction_delta_commits=1, compaction_inline=True)
+    done = {i.instant: i for i in table.timeline()}
+    assert (done[instant].action, done[instant].state) == ("deltacommit", "completed")
+    assert table.read().sort_by("id").to_pydict() == {"id": [1, 2], "v": ["a", "B"]}
+    assert f"commit {instant} completed, but the compaction after it failed" in caplog.text
+    assert "disk full" in caplog.text
+    pending = table.pending_compactions()
+    assert len(pending) == 1  # scheduled before the failure: `nbcc compact` finishes it
+    monkeypatch.undo()
+    assert table.run_compaction(pending[0]) is not None
+    assert table.read().sort_by("id").to_pydict() == {"id": [1, 2], "v": ["a", "B"]}

@@ -135,6 +135,7 @@ STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
                                        "(at least one commit is always read)"),
     "include_meta_columns": READ_OPTIONS["include_meta_columns"],
     "max_partition_bytes": READ_OPTIONS["max_partition_bytes"],
+    "use_metadata_table": READ_OPTIONS["use_metadata_table"],
 }
 
 STORAGE_PREFIX = "storage."

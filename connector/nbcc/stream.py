@@ -352,14 +352,16 @@ def next_offset(storage: Storage, start: str, limits: Limits = Limits(), upto: s
     return commits[n - 1].completion
 
 
-def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta_columns: bool = False) -> ScanPlan:
+def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta_columns: bool = False,
+               use_metadata_table: bool | None = None) -> ScanPlan:
     """The read plan of the micro-batch `(start, end]`: the rows of every key written by a data
     commit that completed in it, as of `end` (deleted keys absent)."""
     if start == BEFORE_ALL:
         # Every key written up to `end`, as of `end`: the snapshot, which stays readable after a
         # clean (an incremental range from the beginning would need cleaned files).
-        options = ReadOptions(query_type=SNAPSHOT, as_of=end, include_meta_columns=include_meta_columns)
+        options = ReadOptions(query_type=SNAPSHOT, as_of=end, include_meta_columns=include_meta_columns,
+                              use_metadata_table=use_metadata_table)
     else:
         options = ReadOptions(query_type=INCREMENTAL, begin=start, end=end,
-                              include_meta_columns=include_meta_columns)
+                              include_meta_columns=include_meta_columns, use_metadata_table=use_metadata_table)
     return plan_scan(storage, config, options)

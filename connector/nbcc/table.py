@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -46,6 +47,9 @@ from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
 from .writer import LogWriter, check_values, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
+
+
+log = logging.getLogger(__name__)
 
 
 class Table:
@@ -179,7 +183,11 @@ class Table:
                 writer.abort()  # no half-written file may surface later (S3 uploads on close)
                 raise
             txn.commit(files)
-        maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline)
+        try:
+            maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline)
+        except Exception as exc:  # noqa: BLE001 - raising would report a committed write as failed
+            log.warning("commit %s completed, but the compaction after it failed: %s. `nbcc compact` "
+                        "finishes a compaction left pending", txn.instant, exc)
         return txn.instant
 
     # -- table services ----------------------------------------------------------------------
@@ -244,7 +252,7 @@ class Table:
         return drop_index(self.storage, self.clock, partitions)
 
     def index_state(self) -> dict[str, Any]:
-        """{"partitions": kind -> "building" | "ready", "pending": indexing instants pending}."""
+        """{"partitions": kind -> "building" | "ready" | "dropping", "pending": indexing instants pending}."""
         return index_state(self.storage)
 
     # -- reading -----------------------------------------------------------------------------

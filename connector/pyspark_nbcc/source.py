@@ -8,6 +8,7 @@ object here is plain data that pickles, and each step reopens what it needs from
 
 from __future__ import annotations
 
+import logging
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Iterator
@@ -59,6 +60,8 @@ from nbcc.scan import (
 )
 from nbcc.storage import Storage
 from nbcc.writer import LogWriter, prepare
+
+log = logging.getLogger(__name__)
 
 
 def _table_uri(options: dict[str, Any]) -> str:
@@ -309,7 +312,11 @@ class NbccWriter(DataSourceArrowWriter):
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         self.txn.commit([f for m in messages if m is not None for f in m.files])
         every, inline = self.compaction_trigger
-        maybe_compact(self.storage, self.config, self.txn.clock, every, inline)
+        try:
+            maybe_compact(self.storage, self.config, self.txn.clock, every, inline)
+        except Exception as exc:  # noqa: BLE001 - failing the job now would report a committed write as failed
+            log.warning("the write is committed (instant %s), but the compaction after it failed: %s. "
+                        "`nbcc compact` finishes a compaction left pending", self.txn.instant, exc)
 
     def abort(self, messages: list[NbccCommitMessage | None]) -> None:
         files = [f for m in messages if m is not None for f in m.files]

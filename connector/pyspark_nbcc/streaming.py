@@ -176,7 +176,12 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
                      batchId, written[0].stream_id, instants[0])
             return
         every, inline = self.compaction_trigger
-        maybe_compact(self.storage, self.config, self.template.clock, every, inline)
+        try:
+            maybe_compact(self.storage, self.config, self.template.clock, every, inline)
+        except Exception as exc:  # noqa: BLE001 - the batch is committed: stopping the query would gain nothing
+            log.warning("streaming batch %s of stream %s is committed (instant %s), but the compaction after "
+                        "it failed: %s. The query goes on; `nbcc compact` finishes a compaction left pending",
+                        batchId, written[0].stream_id, instants[0], exc)
 
     def abort(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if m is not None and m.instant and not m.committed_before]
@@ -196,6 +201,7 @@ class _ReadSetup:
     limits: Limits
     include_meta_columns: bool
     max_partition_bytes: int
+    use_metadata_table: bool | None  # None: the metadata table's ready partitions, as batch reads
 
 
 def _read_setup(options: dict[str, Any]) -> _ReadSetup:
@@ -206,28 +212,32 @@ def _read_setup(options: dict[str, Any]) -> _ReadSetup:
     initial_offset(table.storage, begin)  # a bad begin fails now, not at the first batch
     meta = ReadOptions.build(include_meta_columns=parsed.get("include_meta_columns", False)).include_meta_columns
     limits = Limits(max_commits=parsed.get("max_commits_per_trigger"), max_rows=parsed.get("max_rows_per_trigger"))
-    return _ReadSetup(table, begin, limits, meta, parsed.get("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES))
+    return _ReadSetup(table, begin, limits, meta, parsed.get("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES),
+                      parsed.get("use_metadata_table"))
 
 
 def stream_read_schema(options: dict[str, Any]) -> StructType:
     """The schema of `spark.readStream.format("nbcc").load(uri)`: the table's current columns
     (plus the meta columns if asked for). Columns added later are not part of a running stream."""
     setup = _read_setup(options)
-    read_options = ReadOptions.build(include_meta_columns=setup.include_meta_columns)
+    read_options = ReadOptions.build(include_meta_columns=setup.include_meta_columns,
+                                     use_metadata_table=setup.use_metadata_table)
     return _spark_schema(read_schema(setup.table.storage, setup.table.config, read_options))
 
 
 def stream_reader(options: dict[str, Any], schema: StructType) -> "NbccStreamReader":
     setup = _read_setup(options)
     return NbccStreamReader(setup.table.uri, setup.table.storage.storage_options, schema, setup.begin,
-                            setup.limits, setup.include_meta_columns, setup.max_partition_bytes)
+                            setup.limits, setup.include_meta_columns, setup.max_partition_bytes,
+                            setup.use_metadata_table)
 
 
 class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of the commits that completed after the last offset, oldest first."""
 
     def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, begin: str | None,
-                 limits: Limits, include_meta_columns: bool, max_partition_bytes: int):
+                 limits: Limits, include_meta_columns: bool, max_partition_bytes: int,
+                 use_metadata_table: bool | None = None):
         self.uri = uri
         self.storage_options = storage_options
         self.schema = schema
@@ -235,6 +245,7 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.limits = limits
         self.include_meta_columns = include_meta_columns
         self.max_partition_bytes = max_partition_bytes
+        self.use_metadata_table = use_metadata_table
         self.target: str | None = None  # Trigger.AvailableNow: read nothing that completed later
 
     def _storage(self) -> Storage:
@@ -274,7 +285,8 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin >= until:
             return []
         table = Table.open(self.uri, self.storage_options)
-        plan = plan_range(table.storage, table.config, begin, until, self.include_meta_columns)
+        plan = plan_range(table.storage, table.config, begin, until, self.include_meta_columns,
+                          self.use_metadata_table)
         shared = replace(plan, tasks=[])
         return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
 
