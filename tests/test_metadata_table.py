@@ -678,8 +678,8 @@ import nbcc.commit as commit
 uri, work = sys.argv[1], Path(sys.argv[2])
 real = commit.index_commit
 
-def stalling(storage, metadata):
-    done = real(storage, metadata)
+def stalling(storage, metadata, maintain=True):
+    done = real(storage, metadata, maintain)
     if storage.uri != uri:
         return done  # the metadata table's own commit
     assert done, "the entries were not written"
@@ -785,6 +785,228 @@ def test_catch_up_waits_for_writes_in_flight_and_a_timeout_aborts_cleanly(tmp_pa
     assert result["instants"] == [pending["instant"]]  # resumed; nothing in flight any more
     assert read_states(t.storage) == {k: "ready" for k in KINDS}
     same_both_ways(t)
+
+
+def markers(t: nbcc.Table, kind: str) -> set[str]:
+    return {r["instant"] for r in read_rows(open_metadata_table(t.storage), kind).to_pylist() if r["name"] is None}
+
+
+def rows_of_instant(t: nbcc.Table, instant: str) -> dict[str, list[dict[str, Any]]]:
+    mdt = open_metadata_table(t.storage)
+    return {k: [r for r in read_rows(mdt, k).to_pylist() if r["instant"] == instant] for k in KINDS}
+
+
+def cleaned_entries(t: nbcc.Table, deleted: set[tuple[str, str]]) -> dict[str, set[tuple[str, str]]]:
+    """Entries, by kind, of the files among `deleted`."""
+    mdt = open_metadata_table(t.storage)
+    return {k: {(r["partition"], r["name"]) for r in read_rows(mdt, k).to_pylist() if r["name"]} & deleted
+            for k in KINDS}
+
+
+def test_catch_up_indexes_a_write_that_read_table_json_before_the_indexing(tmp_path, monkeypatch):
+    """A write in flight when the indexing is scheduled may have read table.json before it (no
+    partitions in use then) and complete without entries: catch-up must index it itself."""
+    import nbcc.commit as commit
+    import nbcc.indexing as indexing
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 4):
+        t.write(batch(range(ts, ts + 4), ts))
+    data = batch([2, 3, 30], 9)
+    txn = t.begin_write(data.schema)  # in flight when the indexing is scheduled
+    writer = t.log_writer(txn, "0-0-0")
+    writer.write(prepare(data, t.config, txn.schema, "upsert", txn.instant))
+    files = writer.close()
+    ti = indexing.schedule(t.storage, t.clock, KINDS)
+    plan = indexing.plan_of(t.storage, ti)
+    assert plan["base_instant"] < txn.instant < ti
+
+    real_index = commit.index_commit
+    monkeypatch.setattr(commit, "index_commit", lambda storage, metadata, maintain=True: (
+        False if metadata["instant"] == txn.instant else real_index(storage, metadata, maintain)))
+    txn.commit(files)  # as if it read table.json before Ti: no entries of its own
+    after = t.write(batch([4, 31], 10))  # began after Ti: it indexes itself
+    assert all(txn.instant not in markers(t, k) and after in markers(t, k) for k in KINDS)
+
+    real_instants = indexing.index_instants
+    indexed_by_run: list[str] = []
+
+    def recording(storage, kinds, instants, indexed=None):
+        indexed_by_run.extend(i for i in instants if indexed is None or any(i not in indexed[k] for k in kinds))
+        return real_instants(storage, kinds, instants, indexed)
+
+    monkeypatch.setattr(indexing, "index_instants", recording)
+    assert set(indexing.run(t.storage, t.clock, ti)) == set(KINDS)
+    monkeypatch.undo()
+    assert [i for i in indexed_by_run if i > plan["base_instant"]] == [txn.instant]  # catch-up's own work
+    names = {f["name"] for f in files}
+    for kind in KINDS:
+        got = rows_of_instant(t, txn.instant)[kind]
+        assert [r for r in got if r["name"] is None], kind  # its marker ...
+        assert {r["name"] for r in got if r["name"]} == names, kind  # ... and an entry per file
+    assert same_both_ways(t) == rows(t.read(use_metadata_table=False))
+    assert 30 in {r[0] for r in same_both_ways(t, (FILES, KEY_FILTERS), filter=[("id", "=", 30)])}
+    same_both_ways(t, (FILES, COLUMN_STATS), filter=[("b", ">=", 9000)])
+    assert index_contents(t) == index_contents(rebuilt(tmp_path, t))
+
+
+def test_dropping_while_an_indexing_is_pending_cancels_it_and_blocks_builds_until_deleted(tmp_path, monkeypatch):
+    import nbcc.indexing as indexing
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 5):
+        t.write(batch(range(ts, ts + 4), ts))
+    ti = indexing.schedule(t.storage, t.clock, KINDS)
+    t.write(batch([1, 9], 5))  # adds its entries: the building partitions have rows to delete
+    seen: dict[str, Any] = {}
+    real_base, real_delete = indexing.base_work, indexing.delete_rows
+
+    def dropped_meanwhile(storage, plan):  # the run has read its plan; then the drop comes
+        seen["drop"] = t.drop_index(KINDS)
+        return real_base(storage, plan)
+
+    def while_deleting(mdt, kind, keys):  # the drop is between its two lock holds
+        if "write" not in seen:
+            assert t.index_state()["partitions"] == {k: "dropping" for k in KINDS}
+            assert indexing.schedule(t.storage, t.clock, KINDS) is None  # no build reads old markers
+            with pytest.raises(nbcc.CommitError, match="being dropped"):
+                t.build_index()
+            assert t.plan().metadata_used == ()
+            seen["write"] = t.write(batch([2, 40], 6))  # adds no entries to a dropping partition
+        return real_delete(mdt, kind, keys)
+
+    monkeypatch.setattr(indexing, "base_work", dropped_meanwhile)
+    monkeypatch.setattr(indexing, "delete_rows", while_deleting)
+    with pytest.raises(nbcc.CommitError, match=f"indexing {ti} was cancelled"):
+        indexing.run(t.storage, t.clock, ti)
+    monkeypatch.undo()
+
+    assert seen["drop"] == {"dropped": list(KINDS), "cancelled": [ti]}
+    assert read_states(t.storage, dropping=True) == {} and t.index_state()["pending"] == []
+    assert next(i for i in t.timeline() if i.instant == ti).state == "rolledback"
+    timeline_dir = tmp_path / "t" / ".nbcc" / "timeline"
+    assert sorted(n.name for n in timeline_dir.iterdir() if n.name.startswith(ti)) == [f"{ti}.indexing.rolledback"]
+    assert all(read_rows(open_metadata_table(t.storage), k).num_rows == 0 for k in KINDS)
+    assert t.plan().metadata_used == () and rows(t.read()) == rows(t.read(use_metadata_table=False))
+    with pytest.raises(nbcc.CommitError, match="cancelled"):  # running it again fails the same way
+        indexing.run(t.storage, t.clock, ti)
+    assert set(t.build_index()["ready"]) == set(KINDS)  # built again from scratch
+    assert seen["write"] in markers(t, FILES)
+    same_both_ways(t)
+    assert index_contents(t) == index_contents(rebuilt(tmp_path, t))
+
+
+def test_metadata_table_upkeep_runs_after_the_data_commit_and_never_fails_it(tmp_path, monkeypatch, caplog):
+    import nbcc.metadata_table as metadata_table
+
+    t = new_table(str(tmp_path / "t"))
+    t.write(batch([1], 1))
+    t.build_index()
+    mdt = open_metadata_table(t.storage)
+    compactions = sum(1 for i in mdt.timeline() if i.action == "commit")
+    real = metadata_table.upkeep
+    states_seen: list[tuple[str, str]] = []
+
+    def spy(mdt_, force=False):
+        latest = [i for i in Timeline.load(t.storage).instants if i.action == "deltacommit"][-1]
+        states_seen.append((latest.instant, latest.state))
+        return real(mdt_, force)
+
+    monkeypatch.setattr(metadata_table, "upkeep", spy)
+    written = [t.write(batch([ts, ts + 1], ts)) for ts in range(2, 14)]
+    assert states_seen == [(x, "completed") for x in written]  # once per write, after it completed
+    assert sum(1 for i in mdt.timeline() if i.action == "commit") > compactions  # and it still compacts
+
+    def failing(mdt_, force=False):
+        raise RuntimeError("upkeep broke")
+
+    monkeypatch.setattr(metadata_table, "upkeep", failing)
+    with caplog.at_level("WARNING", logger="nbcc.metadata_table"):
+        x = t.write(batch([50], 50))
+    assert next(i for i in t.timeline() if i.instant == x).state == "completed"
+    assert "upkeep broke" in caplog.text
+    assert all(x in markers(t, k) for k in KINDS)  # its entries went in before it completed
+    assert 50 in {r[0] for r in same_both_ways(t)}
+
+
+def test_a_rolled_back_write_leaves_no_rows_in_the_metadata_table(tmp_path, monkeypatch):
+    import nbcc.commit as commit
+    from nbcc.metadata_table import index_commit
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 5):
+        t.write(batch(range(ts, ts + 4), ts))
+    t.build_index()
+    captured: dict[str, Any] = {}
+    real_index = commit.index_commit
+
+    def capture(storage, metadata, maintain=True):
+        if storage.uri == t.uri:
+            captured.update(metadata)
+        return real_index(storage, metadata, maintain)
+
+    real_complete = commit.create_completed
+
+    def crash(storage, *args):  # the data commit only: the metadata table's goes through
+        if storage.uri == t.uri:
+            raise nbcc.CommitError("simulated crash while completing")
+        return real_complete(storage, *args)
+
+    monkeypatch.setattr(commit, "index_commit", capture)
+    monkeypatch.setattr(commit, "create_completed", crash)
+    data = batch([1, 2, 60], 9)
+    txn = t.begin_write(data.schema)
+    writer = t.log_writer(txn, "0-0-0")
+    writer.write(prepare(data, t.config, txn.schema, "upsert", txn.instant))
+    files = writer.close()
+    with pytest.raises(nbcc.CommitError, match="simulated"):
+        txn.commit(files)
+    monkeypatch.undo()
+    assert all(rows_of_instant(t, txn.instant).values())  # its entries went in before completing
+
+    assert txn.rollback(files)  # a failed job's abort
+    assert rows_of_instant(t, txn.instant) == {k: [] for k in KINDS}
+    same_both_ways(t)
+    assert index_commit(t.storage, captured)  # a slow writer's rows landing after its rollback ...
+    assert all(rows_of_instant(t, txn.instant).values())
+    t.clean(retain_commits=50)  # ... go at the next clean
+    assert rows_of_instant(t, txn.instant) == {k: [] for k in KINDS}
+    assert index_contents(t) == index_contents(rebuilt(tmp_path, t))
+
+
+def test_an_indexer_racing_a_clean_keeps_no_entries_of_the_files_it_deleted(tmp_path, monkeypatch):
+    import nbcc.indexing as indexing
+    from nbcc.metadata_table import entries, write_rows
+    from nbcc.timeline import read_commit_metadata
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 7):
+        t.write(batch(range(ts, ts + 6), ts))
+    t.compact()
+    for ts in range(7, 10):
+        t.write(batch(range(ts, ts + 3), ts))
+    deleted: set[tuple[str, str]] = set()
+    real = indexing.entries
+
+    def clean_first(storage, metadata, kinds):  # after the indexer listed the timeline
+        if not deleted:
+            deleted.update(tuple(d) for d in t.clean(retain_commits=1)["deleted"])
+            assert deleted
+        return real(storage, metadata, kinds)
+
+    monkeypatch.setattr(indexing, "entries", clean_first)
+    assert set(t.build_index()["ready"]) == set(KINDS)
+    monkeypatch.undo()
+    assert cleaned_entries(t, deleted) == {k: set() for k in KINDS}
+    compare_every_read(t, random.Random(11), list(range(1, 15)))
+
+    # Entries of cleaned files written by anyone, at any time, go at the next clean.
+    first = next(i for i in t.timeline() if i.action == "deltacommit")
+    write_rows(t.storage, entries(t.storage, read_commit_metadata(t.storage, first), list(KINDS)), maintain=False)
+    assert cleaned_entries(t, deleted)[FILES]
+    t.clean(retain_commits=1)
+    assert cleaned_entries(t, deleted) == {k: set() for k in KINDS}
+    assert index_contents(t) == index_contents(rebuilt(tmp_path, t))
 
 
 # -- Spark --------------------------------------------------------------------------------------------

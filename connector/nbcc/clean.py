@@ -26,7 +26,7 @@ from .clock import TimeGenerator
 from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
 from .filenames import parse_data_file
-from .metadata_table import forget_cleaned, open_metadata_table, upkeep
+from .metadata_table import open_metadata_table, prune, upkeep
 from .rollback import partition_folders, rollback_failed_writes
 from .scan import files_to_merge, slices_by_group, table_view
 from .storage import Storage
@@ -114,7 +114,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     result: dict[str, Any] = {"action": CLEAN, "earliest_retained": plan.earliest_retained,
                               "deleted": [], "rolled_back": rolled_back, "files": []}
     if not plan.delete and plan.earliest_retained in (None, earliest_retained(storage, Timeline.load(storage))):
-        _index_in_step(storage, [])
+        _index_in_step(storage)
         return result  # nothing new: no clean instant
     instant = clock.new_instant()
     body = {"instant": instant, "earliest_retained": plan.earliest_retained,
@@ -127,16 +127,20 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     result.update(instant=instant, deleted=[list(d) for d in plan.delete])
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
-    _index_in_step(storage, plan.delete)
+    _index_in_step(storage)
     return result
 
 
-def _index_in_step(storage: Storage, deleted: list[tuple[str, str]]) -> None:
-    """Keep the metadata table in step (format.md §18.5): forget the deleted files, index the
-    instants it lacks, and tidy the metadata table itself up."""
+def _index_in_step(storage: Storage) -> None:
+    """Keep the metadata table in step (format.md §18.5, §18.7): forget every file a clean
+    deleted and every rolled-back instant (this clean's deletes among them), index the
+    instants it lacks, and tidy the metadata table itself up. Never fails the clean."""
     from .indexing import fill_gaps
 
-    forget_cleaned(storage, deleted)
+    try:
+        prune(storage)
+    except Exception as exc:  # noqa: BLE001 - rows of deleted files are only dead weight
+        log.warning("clean of %s: forgetting deleted files in the metadata table failed: %s", storage.uri, exc)
     try:
         fill_gaps(storage)
     except Exception as exc:  # noqa: BLE001 - the clean is done; readers are right without it
@@ -181,4 +185,4 @@ def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
         result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": body["earliest_retained"],
                   "deleted": body["delete"], "rolled_back": [], "files": []}
         _complete_clean(storage, clock, inst.instant, result)
-        _index_in_step(storage, [tuple(d) for d in body["delete"]])
+        _index_in_step(storage)

@@ -26,7 +26,7 @@ from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
 from .storage import Storage
 from . import heartbeat
-from .metadata_table import index_commit
+from .metadata_table import index_commit, maintain
 from .rollback import rollback_instant
 from .timeline import (
     Timeline,
@@ -85,9 +85,12 @@ class WriteTransaction:
         # completes, which readers ignore. Several runs may complete one micro-batch's instant
         # (a stream's replays, §17): only the run that completes it knows its files are the
         # instant's, so such a commit adds its entries after completing (format.md §18.4).
+        # Its upkeep (compacting, cleaning the metadata table) waits until the commit completed:
+        # it is not needed to read the commit, and must neither delay nor fail it.
         shared_instant = bool(extra and "batch_id" in extra)
+        indexed = False
         if not shared_instant:
-            index_commit(self.storage, metadata)
+            indexed = index_commit(self.storage, metadata, maintain=False)
         with self.clock.locked() as grant:
             if self.added_columns:  # under the lock: no commit can slip in between
                 self._check_added_columns()
@@ -96,7 +99,7 @@ class WriteTransaction:
             create_completed(self.storage, self.instant, grant.time, self.action, metadata)
             completion = grant.time
         if shared_instant:
-            index_commit(self.storage, metadata)
+            indexed = index_commit(self.storage, metadata, maintain=False)
         # The commit is published: what follows is tidying, and must never fail the write
         # (a failure here would make Spark call abort on a committed instant).
         try:
@@ -104,6 +107,8 @@ class WriteTransaction:
             heartbeat.remove(self.storage, self.instant)
         except Exception as exc:  # noqa: BLE001
             log.warning("commit %s completed; removing its pending files failed: %s", self.instant, exc)
+        if indexed:
+            maintain(self.storage)  # never raises
         return completion
 
     def _check_added_columns(self) -> None:

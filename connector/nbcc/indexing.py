@@ -13,8 +13,9 @@ adapted to nbcc; format.md §18.6).
    and a re-run resumes it.
 4. Complete, under the lock: table.json marks the partitions "ready", `<Ti>_<c>.indexing` is
    created.
-Dropping a partition removes it from table.json, cancels (marks rolled back) the pending
-indexing instants that build it, and deletes its rows.
+Dropping a partition marks it "dropping" in table.json (no one uses it, no build is scheduled for
+it), cancels (marks rolled back) the pending indexing instants that build it, deletes its rows,
+and only then removes it from table.json.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ from .errors import CommitError, NbccError
 from .index_view import indexed_instants, read_rows
 from .metadata_table import (
     BUILDING,
+    DROPPING,
     INDEXED_ACTIONS,
     READY,
     check_kinds,
+    cleaned_files,
     delete_rows,
     entries,
+    forget,
     metadata_storage,
     open_metadata_table,
     read_states,
@@ -42,7 +46,6 @@ from .metadata_table import (
 )
 from .storage import Storage
 from .timeline import (
-    CLEAN,
     COMPACTION,
     COMPLETED,
     DATA_ACTIONS,
@@ -97,12 +100,15 @@ def base_instant(timeline: Timeline) -> str | None:
 def schedule(storage: Storage, clock: TimeGenerator, kinds: Sequence[str]) -> str | None:
     """Schedule the indexing of the partitions among `kinds` that are neither ready nor being
     built by a pending indexing; its instant, or None if there is none left to schedule."""
+    open_metadata_table(storage, create=True)  # before "building": writers then have a table to write to
     with clock.locked() as grant:
         ti = grant.time
         timeline = Timeline.load(storage)  # under the lock: every instant older than Ti is on it
         planned = {k for _, plan in pending_indexing(storage, timeline) for k in plan["partitions"]}
-        states = read_states(storage)
-        todo = [k for k in kinds if states.get(k) != READY and k not in planned]
+        states = read_states(storage, dropping=True)
+        # Not while a drop deletes its rows: the build would skip instants whose old markers it
+        # read, and then be marked ready with the gaps the deletion leaves.
+        todo = [k for k in kinds if states.get(k) not in (READY, DROPPING) and k not in planned]
         if not todo:
             return None
         plan = {"instant": ti, "partitions": todo, "base_instant": base_instant(timeline)}
@@ -116,22 +122,13 @@ def schedule(storage: Storage, clock: TimeGenerator, kinds: Sequence[str]) -> st
     return ti
 
 
-def _deleted_files(storage: Storage, timeline: Timeline) -> set[tuple[str, str]]:
-    """Files that completed cleans deleted: no read opens them, so they get no entries."""
-    gone: set[tuple[str, str]] = set()
-    for inst in timeline.completed():
-        if inst.action == CLEAN:
-            gone.update(tuple(d) for d in read_commit_metadata(storage, inst).get("deleted", []))
-    return gone
-
-
 def index_instants(storage: Storage, kinds: Sequence[str], instants: Iterable[str],
                    indexed: dict[str, set[str]] | None = None) -> int:
     """Index completed instants (by instant time) into `kinds`, skipping what `indexed` (kind ->
     instants) already has, in one delta commit of the metadata table; the instants indexed.
     Runs anywhere (a Spark task too): it reads only the timeline, commit files and data files."""
     timeline = Timeline.load(storage)
-    gone = _deleted_files(storage, timeline)
+    gone = cleaned_files(storage, timeline)
     rows: list[dict[str, Any]] = []
     done = 0
     for ti in instants:
@@ -144,6 +141,13 @@ def index_instants(storage: Storage, kinds: Sequence[str], instants: Iterable[st
         rows += entries(storage, meta, missing)
         done += 1
     write_rows(storage, rows, maintain=False)
+    # A clean that completed since the listing above may have forgotten its files before these
+    # rows landed: forget them again. One completing after the listing below forgets after
+    # these rows (it runs prune() once completed), so no entry of a deleted file stays.
+    late = (cleaned_files(storage, Timeline.load(storage)) - gone) & {
+        (r["partition"], r["name"]) for r in rows if r.get("name") is not None}
+    if late:
+        forget(storage, sorted(late), kinds)
     return done
 
 
@@ -161,6 +165,13 @@ def base_work(storage: Storage, plan: dict[str, Any]) -> tuple[list[list[str]], 
     return [todo[n:n + CHUNK_INSTANTS] for n in range(0, len(todo), CHUNK_INSTANTS)], indexed
 
 
+def _check_cancelled(storage: Storage, ti: str) -> None:
+    """Fail if indexing `ti` was cancelled (a drop of one of its partitions)."""
+    if storage.exists(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}"):
+        remove_pending_files(storage, ti, INDEXING)  # a run may have put its inflight file back
+        raise CommitError(f"indexing {ti} was cancelled (its partitions were dropped meanwhile)")
+
+
 def catch_up(storage: Storage, ti: str, plan: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
     """Step 3: index what completed after the base instant and has no entries, until no data
     write that was pending when Ti was scheduled is still pending. The instants indexed."""
@@ -175,6 +186,7 @@ def catch_up(storage: Storage, ti: str, plan: dict[str, Any], timeout_s: float =
                    if (base is None or i.instant > base) and i.action in INDEXED_ACTIONS
                    and any(i.instant not in indexed[k] for k in kinds)]
         for n in range(0, len(missing), CHUNK_INSTANTS):
+            _check_cancelled(storage, ti)  # stop writing rows that a drop is deleting
             done += index_instants(storage, kinds, missing[n:n + CHUNK_INSTANTS], indexed)
         waiting = [i.instant for i in timeline.pending()
                    if i.action in DATA_ACTIONS and i.instant < ti and (base is None or i.instant > base)]
@@ -197,15 +209,18 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
         names = storage.list_names(TIMELINE_DIR, prefix=ti)
         if any(n.startswith(f"{ti}_") for n in names):
             return []  # another run completed it
-        if any(n == f"{ti}.{INDEXING}.{ROLLEDBACK}" for n in names):
-            raise CommitError(f"indexing {ti} was cancelled (its partitions were dropped meanwhile)")
-        states = read_states(storage)
-        ready = [k for k in plan["partitions"] if states.get(k) == BUILDING]  # not dropped since
-        write_states(storage, grant, {**states, **{k: READY for k in ready}})
-        meta = {"instant": ti, "action": INDEXING, "partitions": plan["partitions"],
-                "base_instant": plan.get("base_instant"), "ready": ready, "files": []}
-        grant.check()
-        create_completed(storage, ti, grant.time, INDEXING, meta)
+        cancelled = f"{ti}.{INDEXING}.{ROLLEDBACK}" in names
+        if not cancelled:
+            states = read_states(storage, dropping=True)  # kept whole: a drop may be under way
+            ready = [k for k in plan["partitions"] if states.get(k) == BUILDING]  # not dropped since
+            write_states(storage, grant, {**states, **{k: READY for k in ready}})
+            meta = {"instant": ti, "action": INDEXING, "partitions": plan["partitions"],
+                    "base_instant": plan.get("base_instant"), "ready": ready, "files": []}
+            grant.check()
+            create_completed(storage, ti, grant.time, INDEXING, meta)
+    if cancelled:
+        remove_pending_files(storage, ti, INDEXING)  # this run may have put its inflight file back
+        raise CommitError(f"indexing {ti} was cancelled (its partitions were dropped meanwhile)")
     remove_pending_files(storage, ti, INDEXING)
     return ready
 
@@ -216,14 +231,21 @@ Execute = Callable[[Sequence[str], list[list[str]]], None]  # (partitions, chunk
 def run(storage: Storage, clock: TimeGenerator, ti: str, timeout_s: float = DEFAULT_TIMEOUT_S,
         progress: Callable[[int, int], None] | None = None, execute: Execute | None = None) -> list[str]:
     """Steps 2 to 4 of indexing Ti (also to resume it); the partitions made ready. `execute`
-    runs step 2's chunks elsewhere (a Spark job: one task each); by default, here."""
-    plan = plan_of(storage, ti)
+    runs step 2's chunks elsewhere (a Spark job: one task each); by default, here. Fails with a
+    CommitError once Ti is found cancelled: a drop is deleting the rows it would write."""
+    try:
+        plan = plan_of(storage, ti)
+    except FileNotFoundError:
+        _check_cancelled(storage, ti)
+        raise
     storage.put_if_absent(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{INFLIGHT}", json.dumps(plan, sort_keys=True).encode())
+    _check_cancelled(storage, ti)  # after the put: removes the inflight file if the drop came first
     chunks, indexed = base_work(storage, plan)
     if execute is not None and chunks:
         execute(plan["partitions"], chunks)
     else:
         for n, chunk in enumerate(chunks, 1):
+            _check_cancelled(storage, ti)
             index_instants(storage, plan["partitions"], chunk, indexed)
             if progress is not None:
                 progress(n, len(chunks))
@@ -241,6 +263,10 @@ def build_index(storage: Storage, clock: TimeGenerator, partitions: Iterable[str
     """Build the metadata table `partitions` (resuming pending indexing that builds any of them);
     returns {"instants": the indexing instants run, "ready": every ready partition}."""
     kinds = check_kinds(partitions)
+    dropping = [k for k, v in read_states(storage, dropping=True).items() if v == DROPPING and k in kinds]
+    if dropping:
+        raise CommitError(f"metadata table partitions {', '.join(sorted(dropping))} are being dropped: build "
+                          "them once the drop finished (run the drop again if it stopped part-way)")
     open_metadata_table(storage, create=True)
     ran = []
     for ti, plan in pending_indexing(storage):
@@ -273,28 +299,36 @@ def fill_gaps(storage: Storage) -> int:
 
 def drop_index(storage: Storage, clock: TimeGenerator, partitions: Iterable[str] | str) -> dict[str, Any]:
     """Stop using and maintaining the metadata table `partitions` and delete their rows; returns
-    {"dropped": partitions that were in use, "cancelled": pending indexing instants cancelled}."""
+    {"dropped": partitions that were in use, "cancelled": pending indexing instants cancelled}.
+    Run again, it finishes a drop that stopped part-way."""
     kinds = check_kinds(partitions)
     with clock.locked() as grant:
-        states = read_states(storage)
+        states = read_states(storage, dropping=True)
         cancelled = [ti for ti, plan in pending_indexing(storage) if set(plan["partitions"]) & set(kinds)]
         for ti in cancelled:  # its run then fails to complete; other partitions it built stay building
             grant.check()
             mark = {"instant": ti, "rolled_back_at": grant.time, "reason": f"dropped {', '.join(kinds)}"}
             storage.put_if_absent(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}", json.dumps(mark).encode())
         dropped = [k for k in kinds if k in states]
-        write_states(storage, grant, {k: v for k, v in states.items() if k not in kinds})
+        # "dropping" until every row is deleted: removed now, a build scheduled before the
+        # deletion would read the old markers, skip the instants they cover and become ready
+        # with the gaps the deletion then leaves. Writers and readers leave it alone meanwhile.
+        write_states(storage, grant, {**states, **{k: DROPPING for k in dropped}})
     for ti in cancelled:
         remove_pending_files(storage, ti, INDEXING)
     mdt = open_metadata_table(storage)
     if mdt is not None:
         for kind in kinds:  # one delete commit per partition: all its rows go at once
             delete_rows(mdt, kind, read_rows(mdt, kind, ("key",)).column("key"))
+    if dropped:
+        with clock.locked() as grant:
+            states = read_states(storage, dropping=True)
+            write_states(storage, grant, {k: v for k, v in states.items() if not (k in kinds and v == DROPPING)})
     return {"dropped": dropped, "cancelled": cancelled}
 
 
 def index_state(storage: Storage) -> dict[str, Any]:
     """What `nbcc index URI` prints: each partition's state, the pending indexing instants."""
-    return {"partitions": read_states(storage),
+    return {"partitions": read_states(storage, dropping=True),
             "pending": [{"instant": ti, **plan} for ti, plan in pending_indexing(storage)],
             "metadata_table": metadata_storage(storage).uri}

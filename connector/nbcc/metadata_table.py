@@ -14,9 +14,10 @@ delta commit of the metadata table, so a marker says "every file of this instant
 Entries are a pure function of the instant's commit metadata and of the files themselves: who
 writes them (the writer, the indexer, a compaction) and how often does not matter.
 
-Which partitions are in use is recorded in `table.json` (`metadata_table`: kind -> "building" or
-"ready"), rewritten whole under the table lock. Readers use a partition only when it is ready;
-writers add their entries while it is building or ready (indexing.py, commit.py).
+Which partitions are in use is recorded in `table.json` (`metadata_table`: kind -> "building",
+"ready" or "dropping"), rewritten whole under the table lock. Readers use a partition only when it
+is ready; writers add their entries while it is building or ready (indexing.py, commit.py); a
+dropping partition is used by no one while its rows are deleted.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import threading
 from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from . import bloom
 from .clock import LockGrant
@@ -35,14 +37,14 @@ from .errors import InvalidOptionError, NbccError
 from .reader import read_columns
 from .schema import RECORD_KEY_COL, constant_strings
 from .storage import Storage
-from .timeline import COMPACTION_COMMIT, DATA_ACTIONS
+from .timeline import CLEAN, COMPACTION_COMMIT, DATA_ACTIONS, ROLLEDBACK, Timeline, read_commit_metadata
 
 log = logging.getLogger(__name__)
 
 METADATA_DIR = ".nbcc/metadata"
 FILES, COLUMN_STATS, KEY_FILTERS = "files", "column_stats", "key_filters"
 KINDS = (FILES, COLUMN_STATS, KEY_FILTERS)
-BUILDING, READY = "building", "ready"
+BUILDING, READY, DROPPING = "building", "ready", "dropping"
 STATE_KEY = "metadata_table"  # the field of table.json
 INDEXED_ACTIONS = DATA_ACTIONS + (COMPACTION_COMMIT,)  # the instants that add data files
 
@@ -101,11 +103,13 @@ def file_key(partition: str, name: str) -> str:
 
 # -- which partitions are in use (table.json) ----------------------------------------------------
 
-def read_states(storage: Storage) -> dict[str, str]:
-    """kind -> "building" | "ready", read fresh from table.json ({} for tables without it)."""
+def read_states(storage: Storage, dropping: bool = False) -> dict[str, str]:
+    """kind -> "building" | "ready", read fresh from table.json ({} for tables without it); with
+    `dropping`, partitions being dropped too (whoever rewrites the field must keep them)."""
     doc = json.loads(storage.read_bytes(TABLE_CONFIG_PATH))
     states = doc.get(STATE_KEY) or {}
-    return {k: v for k, v in states.items() if k in KINDS and v in (BUILDING, READY)}
+    known = (BUILDING, READY, DROPPING) if dropping else (BUILDING, READY)
+    return {k: v for k, v in states.items() if k in KINDS and v in known}
 
 
 def write_states(storage: Storage, grant: LockGrant, states: Mapping[str, str]) -> None:
@@ -255,33 +259,94 @@ def forget(storage: Storage, files: Iterable[tuple[str, str]], kinds: Sequence[s
     return commit_rows(mdt, data, DELETE)
 
 
-def forget_cleaned(storage: Storage, deleted: Iterable[tuple[str, str]]) -> None:
-    """A clean's part: forget the files it deleted (no readable state needs them). Never fails
-    the clean: entries of deleted files are only dead weight."""
+def cleaned_files(storage: Storage, timeline: Timeline) -> set[tuple[str, str]]:
+    """Files that completed cleans deleted (archived cleans too): no read opens them again."""
+    gone: set[tuple[str, str]] = set()
+    for inst in timeline.completed():
+        if inst.action == CLEAN:
+            gone.update(tuple(d) for d in read_commit_metadata(storage, inst).get("deleted", []))
+    return gone
+
+
+def _delete_matching(mdt: Any, kinds: Sequence[str], files: set[str], instants: set[str]) -> str | None:
+    """Delete, in one delta commit, the entries whose key is in `files` and every row (markers
+    included) of `instants`, in `kinds`; its instant, None if nothing matched."""
+    from .index_view import read_rows  # it imports this module
+
+    file_set, instant_set = pa.array(sorted(files), pa.string()), pa.array(sorted(instants), pa.string())
+    kind_cols, key_cols = [], []
+    for kind in kinds:
+        got = read_rows(mdt, kind, ())
+        hit = pc.or_(pc.and_(pc.is_valid(got.column("name")), pc.is_in(got.column("key"), value_set=file_set)),
+                     pc.is_in(got.column("instant"), value_set=instant_set))
+        keys = got.column("key").filter(hit).combine_chunks()
+        if len(keys):
+            kind_cols.append(constant_strings(kind, len(keys)))
+            key_cols.append(keys)
+    if not key_cols:
+        return None
+    return commit_rows(mdt, pa.table({"kind": pa.concat_arrays(kind_cols), "key": pa.concat_arrays(key_cols)}),
+                       DELETE)
+
+
+def prune(storage: Storage) -> str | None:
+    """Delete what no read needs, whoever wrote it and whenever: the entries of every file that
+    a completed clean deleted, and every row of rolled-back instants. Idempotent over the whole
+    timeline, so rows that came back after they were first forgotten (an indexer that read the
+    timeline before a clean completed, a slow writer whose instant was rolled back meanwhile)
+    go at the next run. A clean runs it after completing (format.md §18.7)."""
+    kinds = active_kinds(storage)
+    mdt = open_metadata_table(storage) if kinds else None
+    if mdt is None:
+        return None
+    timeline = Timeline.load(storage)
+    gone = {file_key(p, n) for p, n in cleaned_files(storage, timeline)}
+    dead = {i.instant for i in timeline.instants if i.state == ROLLEDBACK}
+    return _delete_matching(mdt, kinds, gone, dead)
+
+
+def forget_rolled_back(storage: Storage, instant: str) -> None:
+    """A rollback's part: delete the rows of the rolled-back `instant` (a writer writes them
+    before completing). Never fails the rollback: readers never look at them (format.md §18.5),
+    and the next clean's prune() deletes any left."""
     try:
         kinds = active_kinds(storage)
-        if kinds:
-            forget(storage, deleted, kinds)
+        mdt = open_metadata_table(storage) if kinds else None
+        if mdt is not None:
+            _delete_matching(mdt, kinds, set(), {instant})
     except Exception as exc:  # noqa: BLE001
-        log.warning("clean of %s: forgetting deleted files in the metadata table failed: %s", storage.uri, exc)
+        log.warning("rollback of %s: deleting its metadata table rows failed (the next clean does it): %s",
+                    instant, exc)
 
 
-def index_commit(storage: Storage, metadata: Mapping[str, Any]) -> bool:
+def index_commit(storage: Storage, metadata: Mapping[str, Any], maintain: bool = True) -> bool:
     """A writer's part: add the entries of its commit to the partitions being built or ready
     (table.json, read now). Never fails the commit: a gap only makes readers read that instant's
-    commit file, and the indexer fills it in. True if entries were written."""
+    commit file, and the indexer fills it in. True if entries were written. Without `maintain`
+    the caller runs maintain() itself (a data write: once its commit completed)."""
     if metadata.get("action") not in INDEXED_ACTIONS:
         return False
     try:
         kinds = active_kinds(storage)
         if not kinds:
             return False
-        write_rows(storage, entries(storage, metadata, kinds))
+        write_rows(storage, entries(storage, metadata, kinds), maintain=maintain)
         return True
     except Exception as exc:  # noqa: BLE001 - the data commit must not fail because of its index
         log.warning("instant %s: writing its metadata table entries failed (%s); readers read its "
                     "commit file until the indexer adds them", metadata.get("instant"), exc)
         return False
+
+
+def maintain(storage: Storage) -> None:
+    """upkeep() of the metadata table of `storage`, for a writer whose data commit completed:
+    it never raises (the commit is done; the next writer or service retries)."""
+    try:
+        mdt = open_metadata_table(storage)
+        if mdt is not None:
+            upkeep(mdt)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("upkeep of the metadata table of %s failed (retried later): %s", storage.uri, exc)
 
 
 def upkeep(mdt: Any, force: bool = False) -> None:

@@ -6,7 +6,8 @@ just completed is not failed (Hudi HUDI-5675). Under that lock the instant is ma
 `<instant>.<action>.rolledback`; a commit checks for the mark under the same lock, so a slow
 writer whose instant was rolled back can never complete it. Then its data files are deleted (the
 ones it reported, and any file of the instant found in the partition folders), then its heartbeat
-and requested/inflight files. Every step can be repeated after a crash.
+and requested/inflight files, then its rows in the metadata table. Every step can be repeated
+after a crash.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
         storage.delete(f"{part}/{name}" if part else name)
     remove(storage, instant)
     remove_pending_files(storage, instant, inst.action)
+    from .metadata_table import forget_rolled_back  # it imports the write path, which imports this
+
+    forget_rolled_back(storage, instant)  # its metadata table rows, written before it failed
     return True
 
 
