@@ -279,9 +279,9 @@ def test_random_slices_match_a_plain_python_reference(mode):
                 if kind < 0.15:
                     rows.append(delete(k))
                 elif kind < 0.3:
-                    rows.append(delete(k, rng.randint(0, 5)))
-                else:
-                    rows.append(up(k, rng.randint(0, 5),
+                    rows.append(delete(k, rng.randint(-3, 5)))
+                else:  # negative values too: a null ordering value sorts below every one of them
+                    rows.append(up(k, rng.randint(-3, 5),
                                    rng.choice([None, f"a{rng.randint(0, 99)}"]),
                                    rng.choice([None, rng.randint(0, 99)])))
             file_rows.append(rows)

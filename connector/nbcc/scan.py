@@ -499,14 +499,16 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
             f"full. Use begin >= {retained}."
         )
     end_view = table_view(storage, config, timeline, end, index)
-    begin_view = table_view(storage, config, timeline, begin, index) if begin != _BEFORE_ALL else None
     in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]
+    overwrites = [i.completion for i in in_range if i.action == REPLACE_COMMIT]
+    reset = bool(overwrites)
+    # The state at begin is needed only for cdc and after an overwrite in the range.
+    begin_view = (table_view(storage, config, timeline, begin, index)
+                  if begin != _BEFORE_ALL and (options.is_cdc or reset) else None)
     plan = ScanPlan(options, config, end_view.schema, _output_schema(config, end_view.schema, options),
                     completion={i.instant: i.completion for i in end_view.completed},
                     change_completion={i.instant: i.completion for i in in_range}, end=end,
                     metadata_used=index.used if index is not None else ())
-    overwrites = [i.completion for i in in_range if i.action == REPLACE_COMMIT]
-    reset = bool(overwrites)
     plan.reset_completion = max(overwrites, default=None)
     range_files: dict[tuple[str, str], list[str]] = defaultdict(list)
     for inst in in_range:
@@ -527,12 +529,12 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
                                             end_files or (), stats, allowed):
             continue
-        in_range = tuple(range_files.get((partition, fg), ()))
-        range_only = (not options.is_cdc and not reset
-                      and _range_outranks_older(config, end_view.schema, partition, end_files or (), in_range, stats))
-        files = in_range if range_only else tuple(end_files or ())
+        group_range = tuple(range_files.get((partition, fg), ()))
+        range_only = (not options.is_cdc and not reset and _range_outranks_older(
+            config, end_view.schema, partition, end_files or (), group_range, stats))
+        files = group_range if range_only else tuple(end_files or ())
         size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files)
-        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), in_range, reset,
+        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, reset,
                                    range_only=range_only, bytes=size))
     return plan
 
