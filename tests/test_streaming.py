@@ -261,16 +261,23 @@ def test_killed_between_the_sink_commit_and_sparks_checkpoint_each_row_lands_onc
     assert sorted(set(got.column("_nbcc_commit_time").to_pylist())) == sorted(c["instant"] for c in commits)
 
 
-def test_a_batch_killed_before_its_commit_is_committed_once_when_replayed(spark, tmp_path):
+def _killed_before_batch_1_commit(tmp_path):
+    """Three batches of 10 rows; the application killed after batch 1's tasks wrote their files,
+    before its commit. Returns the table's uri, the checkpoint, the inputs and the pending instant."""
     uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
     inputs = _inputs(tmp_path / "in", [_rows(range(0, 10), "a"), _rows(range(10, 20), "a"),
                                        _rows(range(20, 30), "a")])
     _run_child_until_frozen(tmp_path, inputs, ckpt, uri, "before_commit", batch=1)
+    pending = [i.instant for i in nbcc.Table.open(uri).timeline() if i.state in ("requested", "inflight")]
+    assert len(pending) == 1
+    return uri, ckpt, inputs, pending
+
+
+def test_a_batch_killed_before_its_commit_is_committed_once_when_replayed(spark, tmp_path):
+    uri, ckpt, inputs, pending = _killed_before_batch_1_commit(tmp_path)
 
     # Batch 1's tasks wrote their files into a pending instant; nothing of it is visible.
     table = nbcc.Table.open(uri)
-    pending = [i.instant for i in table.timeline() if i.state in ("requested", "inflight")]
-    assert len(pending) == 1
     written_before = {n for n in os.listdir(uri) if pending[0] in n}
     assert written_before
     assert _ids(table.read()) == list(range(10))
@@ -290,14 +297,10 @@ def test_a_batch_killed_before_its_commit_is_committed_once_when_replayed(spark,
 
 
 def test_a_batch_killed_before_its_commit_and_rolled_back_is_written_again_once(spark, tmp_path):
-    uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
-    inputs = _inputs(tmp_path / "in", [_rows(range(0, 10), "a"), _rows(range(10, 20), "a"),
-                                       _rows(range(20, 30), "a")])
-    _run_child_until_frozen(tmp_path, inputs, ckpt, uri, "before_commit", batch=1)
+    uri, ckpt, inputs, pending = _killed_before_batch_1_commit(tmp_path)
 
     table = nbcc.Table.open(uri)
-    pending = [i.instant for i in table.timeline() if i.state in ("requested", "inflight")]
-    assert len(pending) == 1 and any(pending[0] in n for n in os.listdir(uri))
+    assert any(pending[0] in n for n in os.listdir(uri))
     # The application is dead: a cleaner finds the batch's heartbeat expired and rolls it back.
     table.clean(heartbeat_timeout_s=0)
     assert {i.instant: i.state for i in table.timeline()}[pending[0]] == "rolledback"
