@@ -218,3 +218,22 @@ def test_pack_tasks_groups_by_size_in_plan_order():
     # target = min(64, max(32, 176 / 2)) = 64 MiB per group
     assert [[t.file_group_id for t in g] for g in groups] == [["fg0", "fg1", "fg2"], ["fg3", "fg4"], ["fg5"], ["fg6"]]
     assert pack_tasks([], 1) == []
+
+
+def test_pack_tasks_fills_every_core_in_the_last_wave():
+    from nbcc.scan import ScanTask, pack_tasks
+
+    mib = 1024 * 1024
+
+    def sizes(task_mib: list[float], cores: int) -> list[int]:
+        tasks = [ScanTask("", f"fg{i}", (), bytes=int(m * mib)) for i, m in enumerate(task_mib)]
+        groups = pack_tasks(tasks, parallelism=cores)
+        assert [t for g in groups for t in g] == tasks  # every task once, in plan order
+        return [len(g) for g in groups]
+
+    # 104 MiB over 2 cores, 32 MiB at most per group: 4 even groups, not 5 + 5 + 5 + 1 (where
+    # the last two run one after the other on one core).
+    assert sizes([6.5] * 16, 2) == [4, 4, 4, 4]
+    assert sizes([50] * 16, 2) == [2] * 8  # 128 MiB at most: 7 groups rounded up to 8
+    assert sizes([0.01] * 8, 2) == [8]  # small: one partition
+    assert sizes([0] * 3, 2) == [3]

@@ -709,18 +709,28 @@ def pack_tasks(tasks: list[ScanTask], max_bytes: int = DEFAULT_MAX_PARTITION_BYT
     """Group tasks into engine partitions. Each engine partition has a fixed cost (about 35 ms
     for a Spark Python data source task, measured), so small file groups are read together, as
     Spark's own file sources pack small files: about total / (2 x parallelism) bytes each, at
-    least 32 MiB and at most `max_bytes`. Tasks keep their plan order."""
+    least 32 MiB and at most `max_bytes`. The number of groups is rounded up to a multiple of the
+    parallelism and bytes are spread evenly over them, so the last wave of tasks is not one small
+    group running alone (16 file groups of 6.5 MiB on 2 cores: 4 groups of 4, not 5+5+5+1).
+    Tasks keep their plan order."""
     if not tasks:
         return []
     cores = parallelism or os.cpu_count() or 2
     total = sum(t.bytes for t in tasks)
     target = min(max_bytes, max(MIN_PARTITION_BYTES, total // (2 * cores)))
+    wanted = -(-total // target) if total else 1
+    if wanted > 1:
+        wanted = min(len(tasks), -(-wanted // cores) * cores)
     groups: list[list[ScanTask]] = [[]]
-    size = 0
+    size = done = 0
     for t in tasks:
-        if groups[-1] and size + t.bytes > target:
+        # The group a task's middle byte falls in, when bytes are cut into `wanted` equal shares;
+        # never more than `target` in one group.
+        share = (done + t.bytes / 2) * wanted // total if total else 0
+        if groups[-1] and (len(groups) <= share or size + t.bytes > target):
             groups.append([])
             size = 0
         groups[-1].append(t)
         size += t.bytes
+        done += t.bytes
     return groups
