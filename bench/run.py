@@ -81,10 +81,24 @@ def upsert_batch(n: int, frac: float, seed: int, ts: int) -> pa.Table:
     return t.set_column(0, "id", pa.array(ids)).set_column(1, "name", pa.array(np.char.add("upd-", ids.astype(str))))
 
 
+def connector_conf() -> dict[str, str]:
+    """The Spark properties the project recommends for nbcc jobs (spark_conf/nbcc-defaults.conf)."""
+    conf = {}
+    for line in (HERE.parent / "spark_conf" / "nbcc-defaults.conf").read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, value = line.split(None, 1)
+            conf[key] = value
+    return conf
+
+
 def spark_session():
     from pyspark.sql import SparkSession
 
-    spark = (SparkSession.builder.master("local[2]").appName("nbcc-bench")
+    builder = SparkSession.builder
+    for key, value in connector_conf().items():  # as a job run with --properties-file would
+        builder = builder.config(key, value)
+    spark = (builder.master("local[2]").appName("nbcc-bench")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.session.timeZone", "UTC").config("spark.driver.memory", "6g")
              .config("spark.sql.python.filterPushdown.enabled", "true")
