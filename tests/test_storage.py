@@ -8,6 +8,7 @@ import errno
 import os
 import threading
 
+import aiohttp
 import botocore.exceptions
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -335,6 +336,8 @@ def test_the_default_policy_retries_six_times(memory_uri):
     (OSError(errno.EREMOTEIO, "InternalError"), True),  # s3fs: 500
     (OSError(errno.EBUSY, "An error occurred (ConditionalRequestConflict)"), True),  # s3fs: 409
     (botocore.exceptions.EndpointConnectionError(endpoint_url="http://s3"), True),
+    (aiohttp.ClientConnectionError("connection lost"), True),  # s3fs's transport, given up
+    (aiohttp.ClientPayloadError("response payload is not completed"), True),
     (OSError(errno.EIO, "unknown S3 error or a failing disk"), False),
     (FileNotFoundError(errno.ENOENT, "gone"), False),
     (FileExistsError(errno.EEXIST, "taken"), False),

@@ -22,6 +22,7 @@ import errno
 import logging
 import os
 import random
+import sys
 import threading
 import time
 import uuid
@@ -52,20 +53,21 @@ _TRANSIENT_ERRNOS = frozenset(getattr(errno, name) for name in (
     "EAGAIN", "EBUSY", "EINTR", "ETIMEDOUT", "ECONNRESET", "ECONNABORTED", "ECONNREFUSED", "EPIPE",
     "ENETDOWN", "ENETUNREACH", "ENETRESET", "EHOSTUNREACH", "EREMOTEIO") if hasattr(errno, name))
 
-# Network failures of the S3 client stack that s3fs gave up retrying (it retries some itself).
-_CLIENT_TRANSIENT: tuple[type[BaseException], ...] = (FSTimeoutError,)
-try:
-    from botocore.exceptions import ConnectionError as BotoConnectionError, HTTPClientError
+# Network failures of the S3 client stack that s3fs gave up retrying (it retries some itself),
+# as (module, class names). Looked up only once the module is loaded, which it is whenever one
+# of its errors can be raised: importing aiohttp up front cost 0.12 s of every process's start
+# (the nbcc command, each Spark Python worker) that never touches S3.
+_CLIENT_TRANSIENT_NAMES = (("botocore.exceptions", ("ConnectionError", "HTTPClientError")),
+                           ("aiohttp", ("ClientConnectionError", "ClientPayloadError")))
 
-    _CLIENT_TRANSIENT += (BotoConnectionError, HTTPClientError)
-except ImportError:  # pragma: no cover - s3fs brings botocore
-    pass
-try:
-    from aiohttp import ClientConnectionError, ClientPayloadError
 
-    _CLIENT_TRANSIENT += (ClientConnectionError, ClientPayloadError)
-except ImportError:  # pragma: no cover
-    pass
+def _client_transient() -> tuple[type[BaseException], ...]:
+    found: tuple[type[BaseException], ...] = (FSTimeoutError,)
+    for module_name, names in _CLIENT_TRANSIENT_NAMES:
+        module = sys.modules.get(module_name)
+        if module is not None:
+            found += tuple(c for c in (getattr(module, n, None) for n in names) if isinstance(c, type))
+    return found
 
 # Errors about the request itself: asking again gets the same answer.
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -82,7 +84,7 @@ def is_transient(exc: BaseException) -> bool:
     """True for a storage failure that may pass if the same request is made again."""
     if isinstance(exc, _PERMANENT) or not isinstance(exc, Exception) or isinstance(exc, NbccError):
         return False
-    if isinstance(exc, (ConnectionError, TimeoutError) + _CLIENT_TRANSIENT):
+    if isinstance(exc, (ConnectionError, TimeoutError) + _client_transient()):
         return True
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
