@@ -215,7 +215,7 @@ def test_pack_tasks_groups_by_size_in_plan_order():
     mib = 1024 * 1024
     tasks = [ScanTask("", f"fg{i}", (), bytes=size * mib) for i, size in enumerate([10, 10, 10, 40, 5, 100, 1])]
     groups = pack_tasks(tasks, max_bytes=64 * mib, parallelism=1)
-    # target = min(64, max(32, 176 / 2)) = 64 MiB per group
+    # target = min(64, max(32, 176 / 1)) = 64 MiB per group
     assert [[t.file_group_id for t in g] for g in groups] == [["fg0", "fg1", "fg2"], ["fg3", "fg4"], ["fg5"], ["fg6"]]
     assert pack_tasks([], 1) == []
 
@@ -231,9 +231,12 @@ def test_pack_tasks_fills_every_core_in_the_last_wave():
         assert [t for g in groups for t in g] == tasks  # every task once, in plan order
         return [len(g) for g in groups]
 
-    # 104 MiB over 2 cores, 32 MiB at most per group: 4 even groups, not 5 + 5 + 5 + 1 (where
-    # the last two run one after the other on one core).
-    assert sizes([6.5] * 16, 2) == [4, 4, 4, 4]
+    # 104 MiB over 2 cores: one wave of 2 even groups.
+    assert sizes([6.5] * 16, 2) == [8, 8]
+    # 67 MiB over 2 cores, 20 MiB at most: 4 even groups, not 5 + 5 + 5 + 1 (where the last two
+    # run one after the other on one core).
+    tasks = [ScanTask("", f"fg{i}", (), bytes=int(4.2 * mib)) for i in range(16)]
+    assert [len(g) for g in pack_tasks(tasks, max_bytes=20 * mib, parallelism=2)] == [4, 4, 4, 4]
     assert sizes([50] * 16, 2) == [2] * 8  # 128 MiB at most: 7 groups rounded up to 8
     assert sizes([0.01] * 8, 2) == [8]  # small: one partition
     assert sizes([0] * 3, 2) == [3]

