@@ -63,7 +63,11 @@ def _log_order(rows: pa.Table) -> np.ndarray:
     pos = np.arange(n, dtype=np.int64)
     if COMMIT_TIME_COL not in rows.column_names:
         return pos
-    codes = rows.column(COMMIT_TIME_COL).combine_chunks().dictionary_encode()
+    instants = rows.column(COMMIT_TIME_COL)
+    if pa.types.is_dictionary(instants.type):  # as the reader read it from Parquet (reader.py)
+        codes = instants.unify_dictionaries().combine_chunks()
+    else:
+        codes = instants.combine_chunks().dictionary_encode()
     if len(codes.dictionary) <= 1:
         return pos
     rank_of_code = np.argsort(np.argsort(codes.dictionary.to_numpy(zero_copy_only=False), kind="stable"))

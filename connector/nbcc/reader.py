@@ -74,10 +74,12 @@ def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str,
 class _DataFile:
     """One open data file: its row count from the footer, then its rows whole or in batches."""
 
-    def __init__(self, storage: Storage, arrow_fs: Any, partition: str, name: str, stack: contextlib.ExitStack):
+    def __init__(self, storage: Storage, arrow_fs: Any, partition: str, name: str, stack: contextlib.ExitStack,
+                 read_dictionary: Sequence[str] | None = None):
         self.storage, self.rel = storage, _rel(partition, name)
         try:
-            self.pf = pq.ParquetFile(stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))))
+            self.pf = pq.ParquetFile(stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))),
+                                     read_dictionary=read_dictionary)
         except Exception as exc:  # noqa: BLE001
             raise _fail(storage, self.rel, exc) from exc
         self.rows = self.pf.metadata.num_rows
@@ -115,6 +117,12 @@ def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(cols, schema=schema)
 
 
+# Read as Parquet stored it (dictionary-encoded: one value per log file, a few per base file), so
+# that the merge ranks instants without decoding and hashing a 17-byte string per row (0.1 s of
+# a 3M-row merge). Only for merges whose output drops the column.
+_INSTANTS_AS_DICTIONARY = pa.field(COMMIT_TIME_COL, pa.dictionary(pa.int32(), pa.string()), nullable=False)
+
+
 def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
                files: Sequence[str], include_meta: bool = False, compact: bool = False,
                merged_already: bool = False, merge_rows: int | None = None,
@@ -144,7 +152,7 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
 
     arrow_fs = storage.arrow_filesystem()
     with contextlib.ExitStack() as stack:
-        opened = [_DataFile(storage, arrow_fs, partition, n, stack) for n in files]
+        opened = [_DataFile(storage, arrow_fs, partition, n, stack, [COMMIT_TIME_COL]) for n in files]
         total = sum(f.rows for f in opened)
         if merged_already:
             if not opened:
@@ -155,8 +163,11 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
                     yield finish(_aligned(part, fschema))
             return
         if total <= merge_rows:
-            parts = [_aligned(f.read(fschema.names), fschema) for f in opened]
-            yield finish(merge(pa.concat_tables(parts) if parts else fschema.empty_table()))
+            in_memory = fschema
+            if not include_meta and not compact and COMMIT_TIME_COL in fschema.names:
+                in_memory = fschema.set(fschema.get_field_index(COMMIT_TIME_COL), _INSTANTS_AS_DICTIONARY)
+            parts = [_aligned(f.read(in_memory.names), in_memory) for f in opened]
+            yield finish(merge(pa.concat_tables(parts) if parts else in_memory.empty_table()))
             return
         for piece in _spilled_pieces(opened, fschema, config.record_key, math.ceil(total / merge_rows)):
             yield finish(merge(piece))
