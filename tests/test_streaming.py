@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -721,3 +722,90 @@ def test_source_options_are_checked(spark, tmp_path):
         spark.readStream.format("nbcc").option("begin", "yesterday").load(uri)
     with pytest.raises(Exception, match="max_rows_per_trigger.*positive integer"):
         spark.readStream.format("nbcc").option("max_rows_per_trigger", "0").load(uri)
+
+
+def test_micro_batches_under_random_storage_faults_commit_exactly_once(tmp_path):
+    # Two streams write 6 micro-batches each, every batch by 3 tasks at once, through a storage
+    # where 10% of calls fail (half of the failing changes after taking effect). A batch that
+    # fails anywhere is replayed whole with the same batch id, as Spark does, until it commits;
+    # so is one in three committed batches (the engine died before its own checkpoint).
+    from faults import Faults, FaultyStorage
+
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, ARROW_SCHEMA, "id", ordering_field="ts", buckets=2)
+    faults = Faults(seed=7, rate=0.10, rates={"sink": 0.04})
+    table = nbcc.Table(FaultyStorage(uri, {}, faults), nbcc.Table.open(uri).config)
+    faults.enabled = False
+    template = _template(table)
+    faults.enabled = True
+    batches, tasks = 6, 3
+    replays = {"s1": 0, "s2": 0}
+    errors = []
+    lost_checkpoint = random.Random(11)
+
+    def rows(stream: str, batch: int, task: int) -> pa.Table:
+        base = {"s1": 0, "s2": 10_000}[stream] + batch * 100 + task * 10
+        return _rows(range(base, base + 10), f"{stream}-{batch}-")
+
+    def run_batch(stream: str, batch: int, run: int) -> None:
+        results: list = [None] * tasks
+
+        def task(t: int) -> None:
+            try:
+                claim = claim_batch(table.storage, table.clock, stream, batch, "deltacommit")
+                files = []
+                if not claim.committed:  # a task's files are named by (task, run), as Spark's are
+                    writer = table.log_writer(dataclasses.replace(template, instant=claim.instant),
+                                              make_token(t, run, 0))
+                    writer.write(prepare(rows(stream, batch, t), table.config, template.schema, "upsert",
+                                         claim.instant))
+                    files = writer.close()
+                results[t] = (claim, files)
+            except (nbcc.NbccError, OSError) as exc:
+                results[t] = exc
+
+        threads = [threading.Thread(target=task, args=(t,)) for t in range(tasks)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(TIMEOUT_S)
+        if any(not isinstance(r, tuple) for r in results):
+            raise nbcc.CommitError(f"a task failed: {results}")
+        claims = {r[0].instant for r in results}
+        assert len(claims) == 1, f"the tasks of one batch claimed different instants: {claims}"
+        if not results[0][0].committed:  # the driver's commit of the tasks' files
+            commit_batch(template, stream, batch, results[0][0].instant, [f for r in results for f in r[1]])
+            if lost_checkpoint.random() < 0.3:  # died before Spark's checkpoint: replayed
+                raise nbcc.CommitError("the engine lost its checkpoint of this batch")
+
+    def stream_job(stream: str) -> None:
+        try:
+            for batch in range(batches):
+                for run in range(30):
+                    try:
+                        run_batch(stream, batch, run)
+                        break
+                    except (nbcc.NbccError, OSError):
+                        replays[stream] += 1
+                else:
+                    raise AssertionError(f"{stream} batch {batch} never committed")
+        except BaseException as exc:  # noqa: BLE001 - re-raised by the test
+            errors.append(exc)
+
+    jobs = [threading.Thread(target=stream_job, args=(s,)) for s in ("s1", "s2")]
+    for j in jobs:
+        j.start()
+    for j in jobs:
+        j.join(TIMEOUT_S)
+    faults.enabled = False
+    assert not errors, errors
+    assert faults.total() > 10 and sum(replays.values()) > 0, (faults.injected, replays)
+
+    # Exactly one completed commit per (stream, batch); every row of every batch once.
+    commits = _data_commits(uri)
+    assert sorted((c["stream_id"], c["batch_id"]) for c in commits) == sorted(
+        (s, b) for s in ("s1", "s2") for b in range(batches))
+    final = nbcc.Table.open(uri)
+    final.clean(heartbeat_timeout_s=0)  # what failed attempts left: rolled back, never shown
+    expected = pa.concat_tables([rows(s, b, t) for s in ("s1", "s2") for b in range(batches) for t in range(tasks)])
+    assert final.read().sort_by("id").to_pydict() == expected.sort_by("id").to_pydict()
