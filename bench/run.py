@@ -1,11 +1,11 @@
 """nbcc benchmarks: measured side by side with Spark's Parquet source, delta-rs and the hardware.
 
-    python bench/run.py [--rows 2000000] [--repeats 3] [--only 1,2,...] [--commits 2000]
+    python bench/run.py [--rows 2000000] [--repeats 5] [--only 1,2,...] [--commits 2000]
                         [--slice-rows 10000000]
 
 Writes bench/results.json and bench/results.md. Each figure is the median of `--repeats` runs after
-a warm-up; each comparison is a ratio measured in the same run (this machine's speed drifts, so
-absolute times from different runs do not compare). Scenarios (see README / issue 5):
+a warm-up; each comparison is a ratio measured in the same run, its two sides run in turns
+(this machine's speed drifts, so absolute times from different runs do not compare). Scenarios (see README / issue 5):
  1 bulk write through Spark            vs df.write.parquet
  2 upsert 10% (half updates, half new) : Spark, Python API, deltalake merge
  3 snapshot read after compaction      vs spark.read.parquet of the same rows
@@ -55,6 +55,23 @@ def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | 
         if i:  # the first run warms caches and the JVM
             times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def paired_times(fns: dict[str, Callable[[], Any]], repeats: int,
+                 setup: Callable[[], Any] | None = None) -> dict[str, float]:
+    """Median wall time of each of `fns`, run in turns (a, b, a, b, ...) after one warm-up each,
+    so that this machine's drift during the run hits every side of a ratio alike (timed one
+    after the other, the same pair differed by up to 40% between the halves of a run)."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for i in range(repeats + 1):
+        for name, fn in fns.items():
+            if setup is not None:
+                setup()
+            start = time.perf_counter()
+            fn()
+            if i:  # the first round warms caches and the JVM
+                times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def make_rows(n: int, start: int = 0, seed: int = 0, ts: int = 1) -> pa.Table:
@@ -163,9 +180,11 @@ class Bench:
         def clear():
             shutil.rmtree(out, ignore_errors=True)
 
-        nbcc_s = median_time(lambda: df.write.format("nbcc").mode("append").option("record_key", "id")
-                             .option("ordering_field", "ts").save(str(out / "nbcc")), self.repeats, clear)
-        pq_s = median_time(lambda: df.write.mode("overwrite").parquet(str(out / "pq")), self.repeats, clear)
+        t = paired_times({
+            "nbcc": lambda: df.write.format("nbcc").mode("append").option("record_key", "id")
+                              .option("ordering_field", "ts").save(str(out / "nbcc")),
+            "parquet": lambda: df.write.mode("overwrite").parquet(str(out / "pq"))}, self.repeats, clear)
+        nbcc_s, pq_s = t["nbcc"], t["parquet"]
         df.unpersist()
         ratio = nbcc_s / pq_s
         self.record("1", "bulk write through Spark", {"nbcc_s": round(nbcc_s, 3), "parquet_s": round(pq_s, 3),
@@ -213,8 +232,10 @@ class Bench:
     def s3_read_compacted(self):
         spark = self.spark
         uri = self.base_table()
-        nb = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
-        pqs = median_time(lambda: consume(spark.read.parquet(str(self.work / "base.parquet"))), self.repeats)
+        t = paired_times({"nbcc": lambda: consume(spark.read.format("nbcc").load(uri)),
+                          "parquet": lambda: consume(spark.read.parquet(str(self.work / "base.parquet")))},
+                         self.repeats)
+        nb, pqs = t["nbcc"], t["parquet"]
         ratio = nb / pqs
         self.record("3", "snapshot read after compaction", {"nbcc_s": round(nb, 3), "parquet_s": round(pqs, 3),
                                                             "ratio": round(ratio, 2)}, "<= 1.2x", ratio <= 1.2)
@@ -233,8 +254,10 @@ class Bench:
     def s4_read_mor(self):
         spark = self.spark
         uri = self.mor_table()
-        nb = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
-        pqs = median_time(lambda: consume(spark.read.parquet(str(self.work / "mor-final.parquet"))), self.repeats)
+        t = paired_times({"nbcc": lambda: consume(spark.read.format("nbcc").load(uri)),
+                          "parquet": lambda: consume(spark.read.parquet(str(self.work / "mor-final.parquet")))},
+                         self.repeats)
+        nb, pqs = t["nbcc"], t["parquet"]
         ratio = nb / pqs
         self.record("4", "snapshot read with 5 uncompacted 10% upserts (merge on read)",
                     {"nbcc_s": round(nb, 3), "parquet_final_rows_s": round(pqs, 3), "ratio": round(ratio, 2)},
@@ -245,9 +268,10 @@ class Bench:
         uri = self.mor_table()
         done = [i for i in nbcc.Table.open(uri).timeline() if i.state == "completed"]
         begin = done[-2].completion
-        inc = median_time(lambda: consume(spark.read.format("nbcc").option("query_type", "incremental")
-                                          .option("begin", begin).load(uri)), self.repeats)
-        full = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
+        t = paired_times({"incremental": lambda: consume(spark.read.format("nbcc").option("query_type", "incremental")
+                                                         .option("begin", begin).load(uri)),
+                          "snapshot": lambda: consume(spark.read.format("nbcc").load(uri))}, self.repeats)
+        inc, full = t["incremental"], t["snapshot"]
         ratio = inc / full
         self.record("5", "incremental read of the last 10% commit vs full snapshot",
                     {"incremental_s": round(inc, 3), "snapshot_s": round(full, 3), "ratio": round(ratio, 2)},
@@ -259,8 +283,9 @@ class Bench:
         spark = self.spark
         uri = self.base_table()
         key = self.n // 3
-        look = median_time(lambda: spark.read.format("nbcc").load(uri).where(f"id = {key}").collect(), self.repeats)
-        scan = median_time(lambda: consume(spark.read.format("nbcc").load(uri)), self.repeats)
+        t = paired_times({"lookup": lambda: spark.read.format("nbcc").load(uri).where(f"id = {key}").collect(),
+                          "scan": lambda: consume(spark.read.format("nbcc").load(uri))}, self.repeats)
+        look, scan = t["lookup"], t["scan"]
         buckets = nbcc.Table.open(uri).config.buckets
         ratio = look / scan
         # With the metadata table: a copy of the merge-on-read table (base files and 5 upserts in
@@ -391,7 +416,7 @@ class Bench:
             "# nbcc benchmark results",
             "",
             f"`python bench/run.py --rows {self.n} --repeats {self.repeats}` (`make bench`), 2-core machine. "
-            "Figures are medians after a warm-up; each ratio is measured side by side in one run.",
+            "Figures are medians after a warm-up; the two sides of each ratio run in turns in one run.",
             "",
             "| # | scenario | figures | target | result |",
             "|---|---|---|---|---|",
@@ -418,7 +443,7 @@ SCENARIOS = {
 def main() -> None:
     parser = argparse.ArgumentParser(description="nbcc benchmarks")
     parser.add_argument("--rows", type=int, default=2_000_000)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--commits", type=int, default=2000)
     parser.add_argument("--slice-rows", type=int, default=10_000_000)
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenario numbers")
