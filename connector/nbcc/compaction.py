@@ -14,6 +14,7 @@ the same file; only the files of the execution that completed the instant are ev
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 from typing import Any, Callable
@@ -41,6 +42,8 @@ from .timeline import (
     read_compaction_plan,
 )
 from .writer import ROW_GROUP_ROWS, parquet_writer, update_stats
+
+log = logging.getLogger(__name__)
 
 
 def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator) -> str | None:
@@ -166,11 +169,24 @@ def delta_commits_since_compaction(timeline: Timeline) -> int:
 
 
 def maybe_compact(storage: Storage, config: TableConfig, clock: TimeGenerator, every: int | None,
-                  inline: bool) -> str | None:
-    """The inline trigger, run after a commit: schedule a compaction once `every` delta commits
-    have completed since the last one, and execute it here if `inline`."""
+                  inline: bool, committed: str, logger: logging.Logger | None = None) -> str | None:
+    """The inline trigger, run after a commit (`committed` names it in the log): schedule a
+    compaction once `every` delta commits have completed since the last one, and execute it here
+    if `inline`. Never raises: the write is committed, and failing it now would report it as
+    failed (and make Spark abort a completed instant). A failure is logged as a warning on
+    `logger`; `nbcc compact` finishes a compaction it left pending."""
     if not every:
         return None
+    try:
+        return _compact_inline(storage, config, clock, every, inline)
+    except Exception as exc:  # noqa: BLE001 - see above
+        (logger or log).warning("%s completed, but the compaction after it failed: %s. `nbcc compact` "
+                                "finishes a compaction left pending", committed, exc)
+        return None
+
+
+def _compact_inline(storage: Storage, config: TableConfig, clock: TimeGenerator, every: int,
+                    inline: bool) -> str | None:
     timeline = Timeline.load(storage)
     if delta_commits_since_compaction(timeline) < every:
         return None

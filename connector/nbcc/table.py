@@ -183,11 +183,8 @@ class Table:
                 writer.abort()  # no half-written file may surface later (S3 uploads on close)
                 raise
             txn.commit(files)
-        try:
-            maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline)
-        except Exception as exc:  # noqa: BLE001 - raising would report a committed write as failed
-            log.warning("commit %s completed, but the compaction after it failed: %s. `nbcc compact` "
-                        "finishes a compaction left pending", txn.instant, exc)
+        maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline,
+                      f"commit {txn.instant}", log)
         return txn.instant
 
     # -- table services ----------------------------------------------------------------------

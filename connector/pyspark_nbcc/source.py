@@ -312,11 +312,8 @@ class NbccWriter(DataSourceArrowWriter):
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         self.txn.commit([f for m in messages if m is not None for f in m.files])
         every, inline = self.compaction_trigger
-        try:
-            maybe_compact(self.storage, self.config, self.txn.clock, every, inline)
-        except Exception as exc:  # noqa: BLE001 - failing the job now would report a committed write as failed
-            log.warning("the write is committed (instant %s), but the compaction after it failed: %s. "
-                        "`nbcc compact` finishes a compaction left pending", self.txn.instant, exc)
+        maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
+                      f"the Spark write's commit {self.txn.instant}", log)
 
     def abort(self, messages: list[NbccCommitMessage | None]) -> None:
         files = [f for m in messages if m is not None for f in m.files]

@@ -176,12 +176,8 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
                      batchId, written[0].stream_id, instants[0])
             return
         every, inline = self.compaction_trigger
-        try:
-            maybe_compact(self.storage, self.config, self.template.clock, every, inline)
-        except Exception as exc:  # noqa: BLE001 - the batch is committed: stopping the query would gain nothing
-            log.warning("streaming batch %s of stream %s is committed (instant %s), but the compaction after "
-                        "it failed: %s. The query goes on; `nbcc compact` finishes a compaction left pending",
-                        batchId, written[0].stream_id, instants[0], exc)
+        maybe_compact(self.storage, self.config, self.template.clock, every, inline,
+                      f"streaming batch {batchId} of stream {written[0].stream_id} (instant {instants[0]})", log)
 
     def abort(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if m is not None and m.instant and not m.committed_before]
