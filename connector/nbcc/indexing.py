@@ -34,6 +34,7 @@ from .metadata_table import (
     READY,
     check_kinds,
     cleaned_files,
+    completed_cleans,
     delete_rows,
     entries,
     forget,
@@ -129,6 +130,7 @@ def index_instants(storage: Storage, kinds: Sequence[str], instants: Iterable[st
     Runs anywhere (a Spark task too): it reads only the timeline, commit files and data files."""
     timeline = Timeline.load(storage)
     gone = cleaned_files(storage, timeline)
+    cleans = completed_cleans(timeline)
     rows: list[dict[str, Any]] = []
     done = 0
     for ti in instants:
@@ -144,7 +146,7 @@ def index_instants(storage: Storage, kinds: Sequence[str], instants: Iterable[st
     # A clean that completed since the listing above may have forgotten its files before these
     # rows landed: forget them again. One completing after the listing below forgets after
     # these rows (it runs prune() once completed), so no entry of a deleted file stays.
-    late = (cleaned_files(storage, Timeline.load(storage)) - gone) & {
+    late = (cleaned_files(storage, Timeline.load(storage), skip=cleans) - gone) & {
         (r["partition"], r["name"]) for r in rows if r.get("name") is not None}
     if late:
         forget(storage, sorted(late), kinds)
@@ -168,8 +170,12 @@ def base_work(storage: Storage, plan: dict[str, Any]) -> tuple[list[list[str]], 
 def _check_cancelled(storage: Storage, ti: str) -> None:
     """Fail if indexing `ti` was cancelled (a drop of one of its partitions)."""
     if storage.exists(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}"):
-        remove_pending_files(storage, ti, INDEXING)  # a run may have put its inflight file back
-        raise CommitError(f"indexing {ti} was cancelled (its partitions were dropped meanwhile)")
+        _stop_cancelled(storage, ti)
+
+
+def _stop_cancelled(storage: Storage, ti: str) -> None:
+    remove_pending_files(storage, ti, INDEXING)  # a run may have put its inflight file back
+    raise CommitError(f"indexing {ti} was cancelled (its partitions were dropped meanwhile)")
 
 
 def catch_up(storage: Storage, ti: str, plan: dict[str, Any], timeout_s: float = DEFAULT_TIMEOUT_S) -> int:
@@ -219,8 +225,7 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
             grant.check()
             create_completed(storage, ti, grant.time, INDEXING, meta)
     if cancelled:
-        remove_pending_files(storage, ti, INDEXING)  # this run may have put its inflight file back
-        raise CommitError(f"indexing {ti} was cancelled (its partitions were dropped meanwhile)")
+        _stop_cancelled(storage, ti)
     remove_pending_files(storage, ti, INDEXING)
     return ready
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -259,11 +259,16 @@ def forget(storage: Storage, files: Iterable[tuple[str, str]], kinds: Sequence[s
     return commit_rows(mdt, data, DELETE)
 
 
-def cleaned_files(storage: Storage, timeline: Timeline) -> set[tuple[str, str]]:
-    """Files that completed cleans deleted (archived cleans too): no read opens them again."""
+def completed_cleans(timeline: Timeline) -> set[str]:
+    return {inst.instant for inst in timeline.completed() if inst.action == CLEAN}
+
+
+def cleaned_files(storage: Storage, timeline: Timeline, skip: Collection[str] = ()) -> set[tuple[str, str]]:
+    """Files that completed cleans deleted (archived cleans too): no read opens them again.
+    `skip`: cleans whose files the caller has already (their commit files are not read again)."""
     gone: set[tuple[str, str]] = set()
     for inst in timeline.completed():
-        if inst.action == CLEAN:
+        if inst.action == CLEAN and inst.instant not in skip:
             gone.update(tuple(d) for d in read_commit_metadata(storage, inst).get("deleted", []))
     return gone
 
