@@ -555,7 +555,7 @@ def _range_outranks_older(config: TableConfig, schema: pa.Schema, partition: str
     end_set = set(end_files)
     if not end_set.issuperset(in_range):
         return False
-    older = [n for n in end_set if n not in set(in_range)]
+    older = end_set.difference(in_range)
     if not older:
         return True
     if max(parse_data_file(n).instant for n in older) >= min(parse_data_file(n).instant for n in in_range):
