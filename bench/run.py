@@ -46,15 +46,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 def median_time(fn: Callable[[], Any], repeats: int, setup: Callable[[], Any] | None = None) -> float:
     """Median wall time of `fn` over `repeats` runs after one warm-up (setup is not timed)."""
-    times = []
-    for i in range(repeats + 1):
-        if setup is not None:
-            setup()
-        start = time.perf_counter()
-        fn()
-        if i:  # the first run warms caches and the JVM
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return paired_times({"fn": fn}, repeats, setup)["fn"]
 
 
 def paired_times(fns: dict[str, Callable[[], Any]], repeats: int,

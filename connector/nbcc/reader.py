@@ -119,7 +119,8 @@ def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 # Read as Parquet stored it (dictionary-encoded: one value per log file, a few per base file), so
 # that the merge ranks instants without decoding and hashing a 17-byte string per row (0.1 s of
-# a 3M-row merge). Only for merges whose output drops the column.
+# a 3M-row merge). Only in-memory merges whose output drops the column keep it so; every other
+# read gets strings back from _aligned (the file is opened before its row count decides).
 _INSTANTS_AS_DICTIONARY = pa.field(COMMIT_TIME_COL, pa.dictionary(pa.int32(), pa.string()), nullable=False)
 
 
