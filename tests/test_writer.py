@@ -1,4 +1,5 @@
-"""Log files as written: which columns Parquet dictionary-encodes (writer.dictionary_columns)."""
+"""Log files as written: which columns Parquet dictionary-encodes (writer.dictionary_columns), and
+the meta columns each row gets."""
 
 from __future__ import annotations
 
@@ -37,3 +38,33 @@ def test_log_files_dictionary_encode_repetitive_columns_only(tmp_path):
     assert {"region", "score", "ts", "_nbcc_commit_time"} <= dictionary
     assert not {"id", "amount", "_nbcc_record_key"} & dictionary
     assert table.read().sort_by("id").to_pydict() == data.to_pydict()
+
+
+def test_every_row_of_every_log_file_carries_its_commit_instant_and_key(tmp_path):
+    # The writer adds `_nbcc_commit_time` to each file after splitting the rows by bucket,
+    # instead of reordering it with them; each row must still get the instant and its own key.
+    n = 40_000
+    data = pa.table({"id": np.arange(n, dtype=np.int64), "ts": np.ones(n, dtype=np.int64)})
+    table = nbcc.Table.create(str(tmp_path / "t"), data.schema, "id", ordering_field="ts", buckets=4)
+    table.write(data)
+    table.write(data.slice(0, 10))
+    instants = [i.instant for i in table.timeline() if i.state == "completed"]
+    seen: dict[str, int] = {}
+    for s in table.file_slices():
+        for log in s.log_files:
+            rows = pq.read_table(str(tmp_path / "t" / log))
+            [instant] = set(rows.column("_nbcc_commit_time").to_pylist())
+            assert instant in log  # the file's own instant
+            assert rows.column("_nbcc_record_key").to_pylist() == [str(k) for k in rows.column("id").to_pylist()]
+            seen[instant] = seen.get(instant, 0) + rows.num_rows
+    assert seen == {instants[0]: n, instants[1]: 10}
+
+
+def test_constant_strings_are_valid_string_arrays():
+    from nbcc.schema import constant_strings
+
+    for value in ["20260101000000000", "", "é/ü"]:
+        for n in [0, 1, 3]:
+            arr = constant_strings(value, n)
+            arr.validate(full=True)
+            assert arr.type == pa.string() and arr.to_pylist() == [value] * n

@@ -193,6 +193,11 @@ class LogWriter:
     def write(self, rows: pa.Table) -> None:
         if self.on_progress is not None:
             self.on_progress()
+        # Every row's commit time is this writer's instant: it is added to each file's chunk in
+        # `_flush` rather than reordered with the rows (the take of its 17-byte strings cost
+        # as much as hashing the keys).
+        if COMMIT_TIME_COL in rows.column_names:
+            rows = rows.drop_columns([COMMIT_TIME_COL])
         for partition, bucket, group in split_rows(rows, self.config.partition_by, self.config.record_key,
                                                    self.config.buckets):
             log = self._open.get((partition, bucket))
@@ -213,6 +218,8 @@ class LogWriter:
         if not log.pending:
             return
         chunk = pa.concat_tables(log.pending)
+        chunk = chunk.add_column(self.schema.get_field_index(COMMIT_TIME_COL), self.schema.field(COMMIT_TIME_COL),
+                                 constant_strings(self.instant, chunk.num_rows))
         log.pending, log.pending_rows, log.pending_bytes = [], 0, 0
         if log.writer is None:
             log.name = log_file_name(log.file_group, self.instant, log.version, self.token)
