@@ -92,6 +92,18 @@ def spark_cpu_seconds() -> dict[str, float]:
     return out
 
 
+def cpu_jiffies() -> tuple[int, int] | None:
+    """(stolen, total) CPU time of this machine so far, in clock ticks, from /proc/stat (Linux):
+    time the hypervisor gave other guests while this one wanted to run. It changes every
+    timing here, and a parallel speedup most of all, so each scenario reports its share."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (ticks[7] if len(ticks) > 7 else 0), sum(ticks)
+
+
 def metered(fn: Callable[[], Any], into: list[dict[str, float]]) -> Callable[[], None]:
     """`fn`, appending the Spark CPU seconds of each call to `into`."""
     def run() -> None:
@@ -173,6 +185,7 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="nbcc-bench-"))
         self.results: dict[str, Any] = {"rows": self.n, "repeats": self.repeats, "scenarios": {}}
         self._spark = None
+        self.ticks_at_start = cpu_jiffies()  # reset before each scenario
 
     @property
     def spark(self):
@@ -181,6 +194,10 @@ class Bench:
         return self._spark
 
     def record(self, key: str, title: str, figures: dict[str, Any], target: str, met: bool | None, note: str = ""):
+        now = cpu_jiffies()
+        if now is not None and self.ticks_at_start is not None and now[1] > self.ticks_at_start[1]:
+            stolen, total = now[0] - self.ticks_at_start[0], now[1] - self.ticks_at_start[1]
+            figures = {**figures, "cpu_steal_pct": round(100 * stolen / total, 1)}
         self.results["scenarios"][key] = {"title": title, "figures": figures, "target": target, "met": met,
                                           "note": note}
         status = "n/a" if met is None else ("MET" if met else "MISSED")
@@ -485,7 +502,10 @@ class Bench:
             "# nbcc benchmark results",
             "",
             f"`python bench/run.py --rows {self.n} --repeats {self.repeats}` (`make bench`), 2-core machine. "
-            "Figures are medians after a warm-up; the two sides of each ratio run in turns in one run.",
+            "Figures are medians after a warm-up; the two sides of each ratio run in turns in one run. "
+            "cpu_steal_pct: the share of this machine's CPU time its hypervisor gave to other guests "
+            "during the scenario (from /proc/stat); where it is high, every figure of that row is slower "
+            "and noisier, parallel speedups most.",
             "",
             "| # | scenario | figures | target | result |",
             "|---|---|---|---|---|",
@@ -520,6 +540,7 @@ def main() -> None:
     bench = Bench(args)
     try:
         for key in args.only.split(","):
+            bench.ticks_at_start = cpu_jiffies()
             getattr(bench, SCENARIOS[key.strip()])()
             bench.write_results()
     finally:
