@@ -193,6 +193,16 @@ class Bench:
             self._spark = spark_session()
         return self._spark
 
+    def settle(self) -> None:
+        """Start a scenario from a settled machine: the earlier scenarios' dirty pages written back
+        (on ext4 an fsync can wait for other files' data, which slowed the concurrent writers'
+        commits after the bulk writes) and the JVM's garbage collected."""
+        if self._spark is not None:
+            self._spark.catalog.clearCache()
+            self._spark.sparkContext._jvm.System.gc()
+        if hasattr(os, "sync"):
+            os.sync()
+
     def record(self, key: str, title: str, figures: dict[str, Any], target: str, met: bool | None, note: str = ""):
         now = cpu_jiffies()
         if now is not None and self.ticks_at_start is not None and now[1] > self.ticks_at_start[1]:
@@ -542,6 +552,7 @@ def main() -> None:
     bench = Bench(args)
     try:
         for key in args.only.split(","):
+            bench.settle()
             bench.ticks_at_start = cpu_jiffies()
             getattr(bench, SCENARIOS[key.strip()])()
             bench.write_results()
