@@ -430,7 +430,8 @@ class Bench:
         self.record("7", "4 writers upserting overlapping keys at once", figures,
                     "0 failed, 0 retries, >= 1.5x one writer's rows/s", met,
                     "machine_2_process_speedup: two processes spinning the same CPU-bound loop against one "
-                    "alone, the ceiling this machine puts on any speedup in that run")
+                    "alone, measured after each round's writers (median): the ceiling this machine put on any "
+                    "speedup during the scenario")
 
     def s8_planning(self):
         path = self.work / "commits"
