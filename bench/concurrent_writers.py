@@ -58,8 +58,9 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
             table.write(b)
         except Exception:  # noqa: BLE001 - counted
             failed += 1
+    lock = table.clock.stats
     results.put((failed, sum(b.num_rows for b in batches), time.perf_counter(),
-                 retries.count, table.clock.stats.cas_conflicts))
+                 retries.count, lock.cas_conflicts, lock.total_wait_ms, lock.total_hold_ms))
 
 
 def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
@@ -74,7 +75,7 @@ def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
              .when_matched_update_all().when_not_matched_insert_all().execute())
         except Exception:  # noqa: BLE001 - a commit conflict: the merge failed
             failed += 1
-    results.put((failed, sum(b.num_rows for b in batches), time.perf_counter(), 0, 0))
+    results.put((failed, sum(b.num_rows for b in batches), time.perf_counter(), 0, 0, 0.0, 0.0))
 
 
 def _spin(n: int, start, results) -> None:
@@ -121,7 +122,10 @@ def run(target, uri: str, rows: int, writers: int) -> dict:
     wall = max(o[2] for o in outs) - t0
     return {"failed": sum(o[0] for o in outs), "rows": sum(o[1] for o in outs), "wall_s": wall,
             "rows_per_s": sum(o[1] for o in outs) / wall, "retries": sum(o[3] for o in outs),
-            "cas_conflicts": sum(o[4] for o in outs)}
+            "cas_conflicts": sum(o[4] for o in outs),
+            # the share of the writers' time spent waiting for, and holding, the table lock
+            "lock_wait_share": sum(o[5] for o in outs) / 1000 / (writers * wall),
+            "lock_hold_share": sum(o[6] for o in outs) / 1000 / (writers * wall)}
 
 
 def main() -> None:
@@ -151,7 +155,10 @@ def main() -> None:
         "nbcc_retries": sum(o["retries"] for o in fours),
         "nbcc_lock_cas_races": sum(o["cas_conflicts"] for o in fours),
         "nbcc_rows_per_s_1_writer": round(one_rps), "nbcc_rows_per_s_4_writers": round(four_rps),
-        "speedup_4_vs_1": round(four_rps / one_rps, 2), "machine_2_process_speedup": round(statistics.median(machine), 2),
+        "speedup_4_vs_1": round(four_rps / one_rps, 2),
+        "nbcc_lock_wait_pct_4_writers": round(100 * statistics.median(o["lock_wait_share"] for o in fours), 1),
+        "nbcc_lock_hold_pct_4_writers": round(100 * statistics.median(o["lock_hold_share"] for o in fours), 1),
+        "machine_2_process_speedup": round(statistics.median(machine), 2),
         "deltalake_merges": 4 * COMMITS, "deltalake_failed": delta["failed"],
     }))
 
