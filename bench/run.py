@@ -37,6 +37,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import nbcc
+from nbcc.filenames import data_file_path
 
 import floor  # bench/floor.py: run.py's folder is on the path
 
@@ -306,8 +307,9 @@ class Bench:
         uri = self.base_table()
         nbcc_df = spark.read.format("nbcc").load(uri)
         # The floor reads the very files nbcc reads, in as many input partitions.
-        paths = [f"{uri}/{task.partition}/{name}" if task.partition else f"{uri}/{name}"
-                 for task in nbcc.Table.open(uri).plan().tasks for name in task.files]
+        table = nbcc.Table.open(uri)
+        paths = [table.storage.full_path(data_file_path(task.partition, name))
+                 for task in table.plan().tasks for name in task.files]
         floor_df = (spark.read.format(floor.NAME).schema(nbcc_df.schema).option("paths", json.dumps(paths))
                     .option("partitions", nbcc_df.rdd.getNumPartitions()).load())
         t = paired_times({"nbcc": lambda: consume(nbcc_df),

@@ -25,7 +25,7 @@ from typing import Any, Callable
 from .clock import TimeGenerator
 from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
-from .filenames import parse_data_file
+from .filenames import data_file_path, parse_data_file
 from .metadata_table import open_metadata_table, prune, upkeep
 from .rollback import partition_folders, rollback_failed_writes
 from .scan import files_to_merge, slices_by_group, table_view
@@ -121,7 +121,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
             "delete": [list(d) for d in plan.delete]}
     storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}", json.dumps(body).encode())
     for n, (part, name) in enumerate(plan.delete, 1):
-        storage.delete(f"{part}/{name}" if part else name)
+        storage.delete(data_file_path(part, name))
         if progress is not None:
             progress(n, len(plan.delete))
     result.update(instant=instant, deleted=[list(d) for d in plan.delete])
@@ -181,7 +181,7 @@ def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
         except FileNotFoundError:
             continue
         for part, name in body["delete"]:
-            storage.delete(f"{part}/{name}" if part else name)
+            storage.delete(data_file_path(part, name))
         result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": body["earliest_retained"],
                   "deleted": body["delete"], "rolled_back": [], "files": []}
         _complete_clean(storage, clock, inst.instant, result)

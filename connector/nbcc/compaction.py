@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 from .clock import TimeGenerator
 from .config import TableConfig
 from .errors import CommitError, InvalidOptionError
-from .filenames import base_file_name, make_token
+from .filenames import base_file_name, data_file_path, make_token
 from .metadata_table import index_commit
 from .reader import iter_files
 from .scan import slices_by_group, table_view
@@ -91,7 +91,7 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
     # base file is the barrier that retires the old slice.
     fschema = file_schema(schema)
     name = base_file_name(operation["file_group"], token, tc)
-    rel = f"{operation['partition']}/{name}" if operation["partition"] else name
+    rel = data_file_path(operation["partition"], name)
     stats: dict[str, Any] = {}
     stat_columns = [f.name for f in schema if supported_type(f.type)]
     rows, live = 0, True

@@ -104,3 +104,8 @@ def log_file_name(file_group_id: str, instant: str, version: int, token: str) ->
 def base_file_name(file_group_id: str, token: str, instant: str) -> str:
     _check_common(file_group_id, instant, token)
     return BaseFile(file_group_id, token, instant).name
+
+
+def data_file_path(partition: str, name: str) -> str:
+    """A data file's path relative to the table root (an unpartitioned table's files live in it)."""
+    return f"{partition}/{name}" if partition else name

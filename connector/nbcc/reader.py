@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from .buckets import java_list_hash
 from .config import TableConfig
 from .errors import DataFileError, StorageError
+from .filenames import data_file_path
 from .merge import merge_records
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_FIELDS, file_schema
 from .storage import Storage, is_not_found
@@ -51,15 +52,11 @@ def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
     )
 
 
-def _rel(partition: str, name: str) -> str:
-    return f"{partition}/{name}" if partition else name
-
-
 def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str,
                   columns: Sequence[str] | None = None) -> pa.Table:
     """The file's rows; with `columns`, only those of them the file has (a column added to the
     table later is absent from older files)."""
-    rel = _rel(partition, name)
+    rel = data_file_path(partition, name)
     try:
         if columns is None:
             return pq.read_table(storage.full_path(rel), filesystem=arrow_fs)
@@ -76,7 +73,7 @@ class _DataFile:
 
     def __init__(self, storage: Storage, arrow_fs: Any, partition: str, name: str, stack: contextlib.ExitStack,
                  read_dictionary: Sequence[str] | None = None):
-        self.storage, self.rel = storage, _rel(partition, name)
+        self.storage, self.rel = storage, data_file_path(partition, name)
         try:
             self.pf = pq.ParquetFile(stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))),
                                      read_dictionary=read_dictionary)

@@ -20,7 +20,7 @@ from typing import Any, Iterable
 
 from .clock import TimeGenerator, parse_time
 from .errors import InvalidOptionError
-from .filenames import parse_data_file
+from .filenames import data_file_path, parse_data_file
 from .heartbeat import last_beat_ms, remove
 from .storage import Storage
 from .timeline import DATA_ACTIONS, ROLLEDBACK, TIMELINE_DIR, Timeline, remove_pending_files
@@ -72,7 +72,7 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
             except ValueError:
                 continue
     for part, name in sorted(doomed):
-        storage.delete(f"{part}/{name}" if part else name)
+        storage.delete(data_file_path(part, name))
     remove(storage, instant)
     remove_pending_files(storage, instant, inst.action)
     from .metadata_table import forget_rolled_back  # it imports the write path, which imports this

@@ -21,7 +21,7 @@ from .buckets import file_group_id
 from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
 from .errors import SchemaError
 from .expr import supported_type
-from .filenames import log_file_name
+from .filenames import data_file_path, log_file_name
 from .partitions import split_rows
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
@@ -223,7 +223,7 @@ class LogWriter:
         log.pending, log.pending_rows, log.pending_bytes = [], 0, 0
         if log.writer is None:
             log.name = log_file_name(log.file_group, self.instant, log.version, self.token)
-            path = f"{log.partition}/{log.name}" if log.partition else log.name
+            path = data_file_path(log.partition, log.name)
             log.sink = self.storage.open_write(path)
             if self._dictionary is None:  # decided once: every bucket gets rows of one kind
                 self._dictionary = dictionary_columns(self.schema, chunk)
