@@ -393,7 +393,7 @@ def test_a_micro_batch_commit_indexes_after_completing_and_others_before(tmp_pat
         data = batch([2, 3], 2)
         txn = t.begin_write(data.schema)
         writer = t.log_writer(txn, "0-0-0")
-        writer.write(prepare(data, t.config, txn.schema, "upsert", txn.instant))
+        writer.write(prepare(data, t.config, txn.schema, "upsert"))
         txn.commit(writer.close(), extra=extra)
         assert completed_when_indexed[txn.instant] is (extra is not None)
     same_both_ways(t)
@@ -501,7 +501,7 @@ if early:
     txn = table.begin_write(data.schema)
     with Heartbeat(table.storage, txn.instant, interval_s=0.5):
         writer = table.log_writer(txn, "0-0-0")
-        writer.write(prepare(data, table.config, txn.schema, "upsert", txn.instant))
+        writer.write(prepare(data, table.config, txn.schema, "upsert"))
         files = writer.close()
         report(work / "begun.json", {"instant": txn.instant})
         wait_file(work / "go")
@@ -772,7 +772,7 @@ def test_catch_up_waits_for_writes_in_flight_and_a_timeout_aborts_cleanly(tmp_pa
     data = batch([3, 4], 2)
     txn = t.begin_write(data.schema)  # in flight before the indexing is scheduled
     writer = t.log_writer(txn, "0-0-0")
-    writer.write(prepare(data, t.config, txn.schema, "upsert", txn.instant))
+    writer.write(prepare(data, t.config, txn.schema, "upsert"))
     files = writer.close()
     with pytest.raises(nbcc.NbccError, match=f"writes {txn.instant} were still in flight.*resumes"):
         t.build_index(timeout_s=0.3)
@@ -815,7 +815,7 @@ def test_catch_up_indexes_a_write_that_read_table_json_before_the_indexing(tmp_p
     data = batch([2, 3, 30], 9)
     txn = t.begin_write(data.schema)  # in flight when the indexing is scheduled
     writer = t.log_writer(txn, "0-0-0")
-    writer.write(prepare(data, t.config, txn.schema, "upsert", txn.instant))
+    writer.write(prepare(data, t.config, txn.schema, "upsert"))
     files = writer.close()
     ti = indexing.schedule(t.storage, t.clock, KINDS)
     plan = indexing.plan_of(t.storage, ti)
@@ -957,7 +957,7 @@ def test_a_rolled_back_write_leaves_no_rows_in_the_metadata_table(tmp_path, monk
     data = batch([1, 2, 60], 9)
     txn = t.begin_write(data.schema)
     writer = t.log_writer(txn, "0-0-0")
-    writer.write(prepare(data, t.config, txn.schema, "upsert", txn.instant))
+    writer.write(prepare(data, t.config, txn.schema, "upsert"))
     files = writer.close()
     with pytest.raises(nbcc.CommitError, match="simulated"):
         txn.commit(files)

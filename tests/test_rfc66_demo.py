@@ -27,7 +27,7 @@ def _open_write(table: nbcc.Table, rows: dict):
     data = pa.table(rows, schema=SCHEMA)
     txn = table.begin_write(data.schema)
     writer = table.log_writer(txn, "0-0-0")
-    writer.write(prepare(data, table.config, txn.schema, "upsert", txn.instant))
+    writer.write(prepare(data, table.config, txn.schema, "upsert"))
     return txn, writer
 
 

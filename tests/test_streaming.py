@@ -498,7 +498,7 @@ def _template(table):
 
 def _write_into(table, template, instant, rows):
     writer = table.log_writer(dataclasses.replace(template, instant=instant), make_token(0, 0, 0))
-    writer.write(prepare(rows, table.config, template.schema, "upsert", instant))
+    writer.write(prepare(rows, table.config, template.schema, "upsert"))
     return writer.close()
 
 
@@ -604,7 +604,7 @@ def test_source_offsets_are_completion_times_so_a_late_commit_is_not_missed(spar
     table, _ = _table_with_commits(uri, range(0, 5))
     late = table.begin_write(ARROW_SCHEMA)  # takes its instant now ...
     writer = table.log_writer(late, make_token(0, 0, 0))
-    writer.write(prepare(_rows(range(100, 105), "late"), table.config, late.schema, "upsert", late.instant))
+    writer.write(prepare(_rows(range(100, 105), "late"), table.config, late.schema, "upsert"))
     table.write(_rows(range(5, 10), "a"))  # ... a later instant completes first
 
     query, batches = _collecting_stream(spark, uri, tmp_path / "ckpt")
@@ -757,8 +757,7 @@ def test_micro_batches_under_random_storage_faults_commit_exactly_once(tmp_path)
                 if not claim.committed:  # a task's files are named by (task, run), as Spark's are
                     writer = table.log_writer(dataclasses.replace(template, instant=claim.instant),
                                               make_token(t, run, 0))
-                    writer.write(prepare(rows(stream, batch, t), table.config, template.schema, "upsert",
-                                         claim.instant))
+                    writer.write(prepare(rows(stream, batch, t), table.config, template.schema, "upsert"))
                     files = writer.close()
                 results[t] = (claim, files)
             except (nbcc.NbccError, OSError) as exc:

@@ -266,7 +266,7 @@ data = pa.Table.from_pylist(rows, schema=schema)
 txn = table.begin_write(data.schema)
 with Heartbeat(table.storage, txn.instant, interval_s=0.3):
     writer = table.log_writer(txn, "0-0-0")
-    writer.write(prepare(data, table.config, txn.schema, "upsert", txn.instant))
+    writer.write(prepare(data, table.config, txn.schema, "upsert"))
     files = writer.close()
     report(signal_file, {"instant": txn.instant, "files": [f["partition"] + "/" + f["name"] for f in files]})
     hang()
@@ -505,7 +505,7 @@ def _open_write(table: nbcc.Table, ref: Ref, keys: list[int], tag: str):
     data, rows = ref.batch(keys, tag)
     txn = table.begin_write(data.schema)
     writer = table.log_writer(txn, "0-0-0")
-    writer.write(prepare(data, table.config, txn.schema, "upsert", txn.instant))
+    writer.write(prepare(data, table.config, txn.schema, "upsert"))
     return txn, writer.close(), rows
 
 
@@ -972,8 +972,7 @@ def test_a_compaction_plan_names_the_earliest_write_still_pending(tmp_path):
     table.run_compaction(tc2)
     # The late write with an older instant still merges in log order with the compacted rows.
     writer = table.log_writer(slow, "0-0-0")
-    writer.write(prepare(pa.table({"id": [1], "ts": [3]}, schema=schema), table.config, slow.schema, "upsert",
-                         slow.instant))
+    writer.write(prepare(pa.table({"id": [1], "ts": [3]}, schema=schema), table.config, slow.schema, "upsert"))
     slow.commit(writer.close())
     assert table.read().to_pylist() == [{"id": 1, "ts": 3}]
 

@@ -344,7 +344,7 @@ def _writer(uri: str, mode: Mode, w: int, progress: Progress, log: dict[str, lis
             txn = table.begin_write(data.schema, operation)
             seen_commits, seen_scheduled = progress.commits, progress.scheduled
             lw = table.log_writer(txn, "0-0-0")
-            lw.write(nbcc.writer.prepare(data, table.config, txn.schema, operation, txn.instant))
+            lw.write(nbcc.writer.prepare(data, table.config, txn.schema, operation))
             if hold:
                 # Writers 1 and 2 had at most one commit each in flight: the third completion from
                 # now is of a commit that started after this one.
@@ -558,7 +558,7 @@ FLAG = pa.field(DELETED, pa.bool_())
 def _hold_open(table: nbcc.Table, data: pa.Table, operation: str = "upsert"):
     txn = table.begin_write(data.schema, operation)
     w = table.log_writer(txn, "0-0-0")
-    w.write(nbcc.writer.prepare(data, table.config, txn.schema, operation, txn.instant))
+    w.write(nbcc.writer.prepare(data, table.config, txn.schema, operation))
     return lambda: txn.commit(w.close())
 
 
@@ -643,7 +643,7 @@ def test_writer_in_flight_is_invisible_then_appears_in_the_next_incremental_rang
     txn = table.begin_write(ET_SCHEMA)
     w = table.log_writer(txn, "0-0-0")
     w.write(nbcc.writer.prepare(_et_rows((3, 9, "late"), (5, 9, "late"), (6, 9, "late"), (1, 0, "late-loses")),
-                                table.config, txn.schema, "upsert", txn.instant))
+                                table.config, txn.schema, "upsert"))
 
     other = nbcc.Table.open(uri)
     other.write(_et_rows((2, 5, "c2"), (7, 1, "c2")))
@@ -883,7 +883,7 @@ def test_added_column_is_absent_before_it_and_null_for_older_rows_after(local_ta
     w = table.log_writer(txn, "0-0-0")
     w.write(nbcc.writer.prepare(pa.Table.from_pylist([{"id": 2, "ts": 2, "v": "b2", "extra": "x2"},
                                                       {"id": 4, "ts": 2, "v": "b4", "extra": "x4"}], schema=wide),
-                                table.config, txn.schema, "upsert", txn.instant))
+                                table.config, txn.schema, "upsert"))
     # In flight: the column does not exist yet for anyone.
     assert table.read().column_names == ET_SCHEMA.names
     assert table.schema().names == ET_SCHEMA.names

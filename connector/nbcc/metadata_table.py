@@ -224,7 +224,7 @@ def commit_rows(mdt: Any, data: pa.Table, operation: str = UPSERT) -> str:
     txn.begin()
     writer = LogWriter(mdt.storage, mdt.config, SCHEMA, txn.instant, make_token(0, 0, 0))
     with Heartbeat(mdt.storage, txn.instant, interval_s(mdt.config.heartbeat_timeout_s)):
-        writer.write(prepare(data, mdt.config, SCHEMA, operation, txn.instant))
+        writer.write(prepare(data, mdt.config, SCHEMA, operation))
         txn.commit(writer.close())
     return txn.instant
 

@@ -177,7 +177,7 @@ class Table:
             try:
                 for batch in batches:
                     if batch.num_rows:
-                        writer.write(prepare(batch, self.config, txn.schema, operation, txn.instant))
+                        writer.write(prepare(batch, self.config, txn.schema, operation))
                 files = writer.close()
             except BaseException:
                 writer.abort()  # no half-written file may surface later (S3 uploads on close)

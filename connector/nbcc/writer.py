@@ -115,8 +115,12 @@ def check_values(batch: pa.Table, config: TableConfig, table_schema: pa.Schema, 
 
 
 def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema: pa.Schema,
-            operation: str, instant: str) -> pa.Table:
-    """Checked rows in the file schema: table columns (absent ones null) plus meta columns."""
+            operation: str) -> pa.Table:
+    """Checked rows in the file schema but `_nbcc_commit_time`: table columns (absent ones null),
+    `_nbcc_record_key` and `_nbcc_is_deleted`. Every row's commit time is the instant of the
+    `LogWriter` that writes it, which adds the column to each file as it writes it: built and
+    reordered by bucket with the rows, its 17-byte strings took about a tenth of a Spark write
+    task's Python CPU."""
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     check_values(table, config, table_schema, operation)
     n = table.num_rows
@@ -127,10 +131,14 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
     else:
         deleted = pa.array(np.zeros(n, dtype=bool))
     data = conform(table, table_schema)
-    return (data.append_column(COMMIT_TIME_COL, constant_strings(instant, n))
-                .append_column(RECORD_KEY_COL, record_key_strings(table, config.record_key))
+    return (data.append_column(RECORD_KEY_COL, record_key_strings(table, config.record_key))
                 .append_column(IS_DELETED_COL, deleted)
-                .cast(file_schema(table_schema)))
+                .cast(_prepared_schema(table_schema)))
+
+
+def _prepared_schema(table_schema: pa.Schema) -> pa.Schema:
+    schema = file_schema(table_schema)
+    return schema.remove(schema.get_field_index(COMMIT_TIME_COL))
 
 
 MAX_STAT_STRING = 256  # longer strings get no min/max (a truncated max would be wrong)
@@ -191,13 +199,9 @@ class LogWriter:
         self._dictionary: list[str] | None = None
 
     def write(self, rows: pa.Table) -> None:
+        """Append rows as `prepare` returns them; `_flush` adds this instant's commit time."""
         if self.on_progress is not None:
             self.on_progress()
-        # Every row's commit time is this writer's instant: it is added to each file's chunk in
-        # `_flush` rather than reordered with the rows (building and reordering its 17-byte
-        # strings took about a tenth of a Spark write task's Python CPU).
-        if COMMIT_TIME_COL in rows.column_names:
-            rows = rows.drop_columns([COMMIT_TIME_COL])
         for partition, bucket, group in split_rows(rows, self.config.partition_by, self.config.record_key,
                                                    self.config.buckets):
             log = self._open.get((partition, bucket))

@@ -307,7 +307,7 @@ class NbccWriter(DataSourceArrowWriter):
     def _write(self, writer: LogWriter, batches: list[pa.RecordBatch]) -> None:
         if batches:
             rows = pa.Table.from_batches(batches)
-            writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation, self.txn.instant))
+            writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation))
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         self.txn.commit([f for m in messages if m is not None for f in m.files])

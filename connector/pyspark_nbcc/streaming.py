@@ -150,7 +150,7 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
                     beat = Throttled(self.storage, claim.instant, interval_s(self.config.heartbeat_timeout_s))
                     writer = LogWriter(self.storage, self.config, txn.schema, claim.instant, token,
                                        self.max_log_file_bytes, on_progress=beat)
-                writer.write(prepare(rows, self.config, txn.schema, txn.operation, claim.instant))
+                writer.write(prepare(rows, self.config, txn.schema, txn.operation))
             if writer is None:
                 return NbccStreamCommitMessage(stream_id)
             return NbccStreamCommitMessage(stream_id, claim.instant, writer.close())
