@@ -59,8 +59,9 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
         except Exception:  # noqa: BLE001 - counted
             failed += 1
     lock = table.clock.stats
-    results.put((failed, sum(b.num_rows for b in batches), time.perf_counter(),
-                 retries.count, lock.cas_conflicts, lock.total_wait_ms, lock.total_hold_ms))
+    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "end": time.perf_counter(),
+                 "retries": retries.count, "cas_conflicts": lock.cas_conflicts,
+                 "lock_wait_ms": lock.total_wait_ms, "lock_hold_ms": lock.total_hold_ms})
 
 
 def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
@@ -75,7 +76,8 @@ def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
              .when_matched_update_all().when_not_matched_insert_all().execute())
         except Exception:  # noqa: BLE001 - a commit conflict: the merge failed
             failed += 1
-    results.put((failed, sum(b.num_rows for b in batches), time.perf_counter(), 0, 0, 0.0, 0.0))
+    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "end": time.perf_counter(),
+                 "retries": 0, "cas_conflicts": 0, "lock_wait_ms": 0.0, "lock_hold_ms": 0.0})
 
 
 def _spin(n: int, start, results) -> None:
@@ -83,7 +85,24 @@ def _spin(n: int, start, results) -> None:
     x = 0
     for i in range(n):
         x += i
-    results.put(time.perf_counter())
+    results.put({"end": time.perf_counter()})
+
+
+def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict]]:
+    """Run `target(*a, start, results)` for each `a` in its own process, released at once after
+    every process is up; (release time, last end time, what each put on `results`)."""
+    ctx = mp.get_context("spawn")
+    start, results = ctx.Event(), ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*a, start, results)) for a in args]
+    for p in procs:
+        p.start()
+    time.sleep(2)  # let every process import and prepare its work
+    t0 = time.perf_counter()
+    start.set()
+    outs = [results.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return t0, max(o["end"] for o in outs), outs
 
 
 def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
@@ -91,41 +110,25 @@ def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
     processes each spinning the same CPU-bound loop, over one process alone. On a 2-core VM
     whose cores are hyperthreads or are shared with other guests it is below 2 and changes from
     minute to minute, so it is measured in every round, next to the writers."""
-    ctx = mp.get_context("spawn")
     walls = {}
     for k in (1, procs):
-        start, results = ctx.Event(), ctx.Queue()
-        ps = [ctx.Process(target=_spin, args=(n, start, results)) for _ in range(k)]
-        for p in ps:
-            p.start()
-        time.sleep(1)
-        t0 = time.perf_counter()
-        start.set()
-        walls[k] = max(results.get() for _ in ps) - t0
-        for p in ps:
-            p.join()
+        t0, end, _ = started_together(_spin, [(n,)] * k)
+        walls[k] = end - t0
     return procs * walls[1] / walls[procs]
 
 
 def run(target, uri: str, rows: int, writers: int) -> dict:
-    ctx = mp.get_context("spawn")
-    start, results = ctx.Event(), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(uri, rows, w, start, results)) for w in range(writers)]
-    for p in procs:
-        p.start()
-    time.sleep(2)  # let every writer import and prepare its batches
-    t0 = time.perf_counter()
-    start.set()
-    outs = [results.get() for _ in procs]
-    for p in procs:
-        p.join()
-    wall = max(o[2] for o in outs) - t0
-    return {"failed": sum(o[0] for o in outs), "rows": sum(o[1] for o in outs), "wall_s": wall,
-            "rows_per_s": sum(o[1] for o in outs) / wall, "retries": sum(o[3] for o in outs),
-            "cas_conflicts": sum(o[4] for o in outs),
+    t0, end, outs = started_together(target, [(uri, rows, w) for w in range(writers)])
+    wall = end - t0
+
+    def total(key: str) -> float:
+        return sum(o[key] for o in outs)
+    return {"failed": total("failed"), "rows": total("rows"), "wall_s": wall,
+            "rows_per_s": total("rows") / wall, "retries": total("retries"),
+            "cas_conflicts": total("cas_conflicts"),
             # the share of the writers' time spent waiting for, and holding, the table lock
-            "lock_wait_share": sum(o[5] for o in outs) / 1000 / (writers * wall),
-            "lock_hold_share": sum(o[6] for o in outs) / 1000 / (writers * wall)}
+            "lock_wait_share": total("lock_wait_ms") / 1000 / (writers * wall),
+            "lock_hold_share": total("lock_hold_ms") / 1000 / (writers * wall)}
 
 
 def main() -> None:

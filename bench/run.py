@@ -73,10 +73,10 @@ def spark_cpu_seconds() -> dict[str, float]:
     """CPU seconds (user + system) used so far by this machine's JVMs and Spark Python workers,
     from /proc (Linux; empty elsewhere): where a Spark job's time goes, which wall times on 2
     busy cores do not show."""
-    hz = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    out = {"jvm": 0.0, "python": 0.0}
     if not os.path.isdir("/proc"):
         return {}
+    hz = os.sysconf("SC_CLK_TCK")
+    out = {"jvm": 0.0, "python": 0.0}
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -186,7 +186,7 @@ class Bench:
         self.work = Path(tempfile.mkdtemp(prefix="nbcc-bench-"))
         self.results: dict[str, Any] = {"rows": self.n, "repeats": self.repeats, "scenarios": {}}
         self._spark = None
-        self.ticks_at_start = cpu_jiffies()  # reset before each scenario
+        self.ticks_at_start = cpu_jiffies()  # reset by settle() before each scenario
 
     @property
     def spark(self):
@@ -203,6 +203,7 @@ class Bench:
             self._spark.sparkContext._jvm.System.gc()
         if hasattr(os, "sync"):
             os.sync()
+        self.ticks_at_start = cpu_jiffies()
 
     def record(self, key: str, title: str, figures: dict[str, Any], target: str, met: bool | None, note: str = ""):
         now = cpu_jiffies()
@@ -306,12 +307,13 @@ class Bench:
         spark = self.spark
         uri = self.base_table()
         nbcc_df = spark.read.format("nbcc").load(uri)
+        partitions = nbcc_df.rdd.getNumPartitions()  # plans the read once
         # The floor reads the very files nbcc reads, in as many input partitions.
         table = nbcc.Table.open(uri)
         paths = [table.storage.full_path(data_file_path(task.partition, name))
                  for task in table.plan().tasks for name in task.files]
         floor_df = (spark.read.format(floor.NAME).schema(nbcc_df.schema).option("paths", json.dumps(paths))
-                    .option("partitions", nbcc_df.rdd.getNumPartitions()).load())
+                    .option("partitions", partitions).load())
         t = paired_times({"nbcc": lambda: consume(nbcc_df),
                           "parquet": lambda: consume(spark.read.parquet(str(self.work / "base.parquet"))),
                           "floor": lambda: consume(floor_df)},
@@ -324,7 +326,7 @@ class Bench:
                                                             "floor_vs_parquet": round(floor_s / pqs, 2)},
                     "<= 1.2x", ratio <= 1.2,
                     "python_reader_floor: a Python data source that only reads the same base files with "
-                    f"pyarrow, in the same {nbcc_df.rdd.getNumPartitions()} input partitions, and yields their "
+                    f"pyarrow, in the same {partitions} input partitions, and yields their "
                     "Arrow batches (bench/floor.py)")
 
     def mor_table(self) -> str:
@@ -556,7 +558,6 @@ def main() -> None:
     try:
         for key in args.only.split(","):
             bench.settle()
-            bench.ticks_at_start = cpu_jiffies()
             getattr(bench, SCENARIOS[key.strip()])()
             bench.write_results()
     finally:
