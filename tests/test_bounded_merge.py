@@ -78,6 +78,11 @@ def test_a_slice_over_the_budget_merges_in_pieces_to_the_reference_rows(tmp_path
     assert _rows(table) == reference(written, mode, "ts")
     assert len(pieces) >= slice_rows // BUDGET - 1, "the read did not take the spilled path"
     assert max(pieces) < slice_rows // 2, f"a piece held most of the slice: {pieces} of {slice_rows}"
+    # A key filter drops other keys' rows before they are spilled and merged.
+    pieces.clear()
+    low = table.read(filter=[("id", "<", KEYS // 3)]).select(SCHEMA.names).to_pylist()
+    assert sorted(low, key=lambda r: r["id"]) == [r for r in reference(written, mode, "ts") if r["id"] < KEYS // 3]
+    assert pieces and sum(pieces) < slice_rows // 2, f"rows of other keys were spilled: {pieces} of {slice_rows}"
 
     # Compaction merges in pieces too; later commits (some with older ordering values) still
     # merge with the compacted records exactly as with the records they replaced.

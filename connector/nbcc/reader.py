@@ -17,7 +17,7 @@ import contextlib
 import math
 import os
 import tempfile
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -124,12 +124,16 @@ _INSTANTS_AS_DICTIONARY = pa.field(COMMIT_TIME_COL, pa.dictionary(pa.int32(), pa
 def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
                files: Sequence[str], include_meta: bool = False, compact: bool = False,
                merged_already: bool = False, merge_rows: int | None = None,
-               late_after: str | None = None) -> Iterator[pa.Table]:
+               late_after: str | None = None, key_filter: pc.Expression | None = None) -> Iterator[pa.Table]:
     """The merged, live records of `files` (one file group's files, in log order), in `schema`
     plus the meta columns if asked; with `compact`, what a base file keeps (merge.py). Yields
     pieces whose keys are disjoint, each sorted by key; memory follows `merge_rows`.
     `merged_already`: the files hold one live row per key (a base file marked live).
-    `late_after` (with `compact`): the earliest instant that may still complete (merge.py)."""
+    `late_after` (with `compact`): the earliest instant that may still complete (merge.py).
+    `key_filter`: an expression on record key columns (or `_nbcc_record_key`) that every file's
+    rows are filtered by before they merge. A merge is per key and a key's records all pass or
+    all fail, so this gives the merge of the whole slice restricted to those keys; a point
+    lookup then merges the few rows of its key, not the file group."""
     merge_rows = merge_rows or DEFAULT_MERGE_ROWS
     fschema = file_schema(schema)
     if not include_meta and not compact:
@@ -148,6 +152,9 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
         return merge_records(rows, config.record_key, config.ordering_field, config.merge_mode, compact,
                              late_after)
 
+    def keyed(rows: pa.Table) -> pa.Table:
+        return rows if key_filter is None or not rows.num_rows else rows.filter(key_filter)
+
     arrow_fs = storage.arrow_filesystem()
     with contextlib.ExitStack() as stack:
         opened = [_DataFile(storage, arrow_fs, partition, n, stack, [COMMIT_TIME_COL]) for n in files]
@@ -158,16 +165,16 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
             for f in opened:
                 reads = [f.read(fschema.names)] if f.rows <= merge_rows else f.batches(fschema.names, merge_rows)
                 for part in reads:
-                    yield finish(_aligned(part, fschema))
+                    yield finish(keyed(_aligned(part, fschema)))
             return
         if total <= merge_rows:
             in_memory = fschema
             if not include_meta and not compact and COMMIT_TIME_COL in fschema.names:
                 in_memory = fschema.set(fschema.get_field_index(COMMIT_TIME_COL), _INSTANTS_AS_DICTIONARY)
-            parts = [_aligned(f.read(in_memory.names), in_memory) for f in opened]
+            parts = [keyed(_aligned(f.read(in_memory.names), in_memory)) for f in opened]
             yield finish(merge(pa.concat_tables(parts) if parts else in_memory.empty_table()))
             return
-        for piece in _spilled_pieces(opened, fschema, config.record_key, math.ceil(total / merge_rows)):
+        for piece in _spilled_pieces(opened, fschema, config.record_key, math.ceil(total / merge_rows), keyed):
             yield finish(merge(piece))
 
 
@@ -179,7 +186,7 @@ def _piece_ids(rows: pa.Table, record_key: Sequence[str], pieces: int) -> np.nda
 
 
 def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Sequence[str],
-                    pieces: int) -> Iterator[pa.Table]:
+                    pieces: int, keyed: Callable[[pa.Table], pa.Table]) -> Iterator[pa.Table]:
     """Split the files' rows by key into `pieces` temporary Arrow IPC files, keeping log order
     within each, then hand them back one at a time."""
     with tempfile.TemporaryDirectory(prefix="nbcc-merge-") as tmp:
@@ -188,7 +195,9 @@ def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Seq
             sinks = [writers.enter_context(pa.ipc.new_file(path, fschema)) for path in paths]
             for f in opened:
                 for batch in f.batches(fschema.names):
-                    batch = _aligned(batch, fschema)
+                    batch = keyed(_aligned(batch, fschema))
+                    if not batch.num_rows:
+                        continue
                     ids = _piece_ids(batch, record_key, pieces)
                     # stable: rows keep their file order (and a radix sort on 16-bit ids)
                     order = np.argsort(ids.astype(np.int16 if pieces < 2**15 else np.int64), kind="stable")

@@ -605,15 +605,18 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     if options.is_cdc:
         yield _read_cdc(storage, plan, task)
         return
-    touched = None
+    # Predicates on record key columns, and an incremental read's touched keys, select whole
+    # keys: they filter the files' rows before the merge (reader.iter_files). The rest can only
+    # be applied to merged rows (an older version of a key may match where the winner does not).
+    on_keys = [p for p in options.predicates if p.column in config.record_key]
+    key_filter = conjunction(on_keys)
     if options.query_type == INCREMENTAL and not task.range_only:  # else every key in the files changed
-        touched = _touched_keys(storage, plan, task)
-    expr = conjunction(options.predicates, options.arrow_filter)
+        touched = pc.field(RECORD_KEY_COL).isin(_touched_keys(storage, plan, task))
+        key_filter = touched if key_filter is None else key_filter & touched
+    expr = conjunction([p for p in options.predicates if p.column not in config.record_key], options.arrow_filter)
     for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
                              include_meta=options.include_meta_columns or options.query_type == INCREMENTAL,
-                             merged_already=task.merged_already):
-        if touched is not None:
-            merged = merged.filter(pc.is_in(merged.column(RECORD_KEY_COL), value_set=touched))
+                             merged_already=task.merged_already, key_filter=key_filter):
         if options.include_meta_columns:
             merged = _with_meta(plan, task, merged)
         if expr is not None and merged.num_rows:
