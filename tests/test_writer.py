@@ -1,5 +1,5 @@
-"""Log files as written: which columns Parquet dictionary-encodes (writer.dictionary_columns), and
-the meta columns each row gets."""
+"""Log files as written: which columns Parquet dictionary-encodes (writer.dictionary_columns),
+the meta columns each row gets, and that every data file is durable before a commit names it."""
 
 from __future__ import annotations
 
@@ -68,3 +68,41 @@ def test_constant_strings_are_valid_string_arrays():
             arr = constant_strings(value, n)
             arr.validate(full=True)
             assert arr.type == pa.string() and arr.to_pylist() == [value] * n
+
+
+def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, monkeypatch):
+    # On local disk a commit must never point at files a power failure could still lose: each
+    # log file (also those rolled over mid-write) and each compacted base file is fsynced, and
+    # before its commit is published.
+    import nbcc.commit
+    import nbcc.compaction
+    import nbcc.storage
+
+    events: list[tuple[str, str]] = []
+    real_fsync, real_complete = nbcc.storage._fsync_path, nbcc.commit.create_completed
+    monkeypatch.setattr(nbcc.storage, "_fsync_path", lambda path: (events.append(("fsync", path)), real_fsync(path)))
+
+    def completing(storage, instant, completion, action, metadata):
+        events.append(("commit", instant))
+        return real_complete(storage, instant, completion, action, metadata)
+    monkeypatch.setattr(nbcc.commit, "create_completed", completing)
+    monkeypatch.setattr(nbcc.compaction, "create_completed", completing)
+
+    n = 20_000
+    data = pa.table({"id": np.arange(n, dtype=np.int64), "ts": np.ones(n, dtype=np.int64),
+                     "s": pa.array([f"value-{i:08d}" for i in range(n)])})
+    root = tmp_path / "t"
+    table = nbcc.Table.create(str(root), data.schema, "id", ordering_field="ts", buckets=3)
+    table.write(pa.RecordBatchReader.from_batches(data.schema, data.to_batches(max_chunksize=2000)),
+                max_log_file_bytes=60_000)
+    table.compact()
+
+    from nbcc.filenames import parse_data_file
+
+    files = {str(p): parse_data_file(p.name) for p in root.iterdir() if p.is_file()}
+    kinds = [type(f).__name__ for f in files.values()]
+    assert kinds.count("BaseFile") == 3 and kinds.count("LogFile") > 3, "expected rolled-over log files"
+    synced = [path for kind, path in events if kind == "fsync"]
+    assert sorted(synced) == sorted(files)
+    for path, parsed in files.items():  # each before the commit (or compaction) that publishes it
+        assert events.index(("fsync", path)) < events.index(("commit", parsed.instant)), path

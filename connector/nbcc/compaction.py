@@ -108,9 +108,7 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
                 live = live and (not pc.any(piece.column(IS_DELETED_COL)).as_py()
                                  and pc.count_distinct(piece.column(RECORD_KEY_COL)).as_py() == piece.num_rows)
         size = sink.tell()
-        if storage.is_local:
-            sink.flush()
-            os.fsync(sink.fileno())
+    storage.make_durable([rel])
     return {"partition": operation["partition"], "file_group": operation["file_group"], "name": name,
             "rows": rows, "bytes": size, "stats": stats, "live": bool(live)}
 

@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 import uuid
-from typing import Any, BinaryIO, Callable, TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, BinaryIO, Callable, Sequence, TypeVar
 
 import fsspec
 import pyarrow as pa
@@ -359,6 +360,20 @@ class Storage:
             return open(path, "wb")
         return self.fs.open(path, "wb")
 
+    def make_durable(self, rels: Sequence[str]) -> None:
+        """Make written and closed data files durable, before a commit points at them. On local
+        disk each is fsynced, all at once: ext4 commits concurrent fsyncs in shared journal
+        transactions (a commit's 16 small files took 3.8 ms one after another, 1.9 ms together).
+        A file closed on an object store is durable already."""
+        if not self.is_local or not rels:
+            return
+        paths = [self.full_path(rel) for rel in rels]
+        if len(paths) == 1:
+            _fsync_path(paths[0])
+            return
+        with ThreadPoolExecutor(max_workers=min(len(paths), _SYNC_THREADS)) as pool:
+            list(pool.map(_fsync_path, paths))
+
     def arrow_filesystem(self) -> pafs.FileSystem:
         """A pyarrow filesystem for reading Parquet: pyarrow's native one for local disk (fast,
         memory-mapped; a local disk has no transient errors to retry), otherwise fsspec's, with
@@ -496,6 +511,17 @@ class _DataSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+_SYNC_THREADS = 16
+
+
+def _fsync_path(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)  # fsync through any descriptor flushes the file's data
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def is_not_found(exc: BaseException) -> bool:

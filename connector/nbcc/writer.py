@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
-import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -247,10 +246,7 @@ class LogWriter:
             return
         log.writer.close()
         size = log.sink.tell()
-        if self.storage.is_local:  # durable before any commit points at it
-            log.sink.flush()
-            os.fsync(log.sink.fileno())
-        log.sink.close()
+        log.sink.close()  # made durable by close(), with the writer's other files
         info: dict[str, Any] = {
             "partition": log.partition,
             "file_group": log.file_group,
@@ -272,6 +268,7 @@ class LogWriter:
             for log in self._open.values():
                 self._flush(log)
                 self._close_file(log)
+            self.storage.make_durable([data_file_path(f["partition"], f["name"]) for f in self.files])
         except BaseException:
             self.abort()
             raise
