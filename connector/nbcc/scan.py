@@ -610,12 +610,13 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     # be applied to merged rows (an older version of a key may match where the winner does not).
     on_keys = [p for p in options.predicates if p.column in config.record_key]
     key_filter = conjunction(on_keys)
+    touched = None  # on `_nbcc_record_key`, so the files' meta columns are read
     if options.query_type == INCREMENTAL and not task.range_only:  # else every key in the files changed
         touched = pc.field(RECORD_KEY_COL).isin(_touched_keys(storage, plan, task))
         key_filter = touched if key_filter is None else key_filter & touched
     expr = conjunction([p for p in options.predicates if p.column not in config.record_key], options.arrow_filter)
     for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
-                             include_meta=options.include_meta_columns or options.query_type == INCREMENTAL,
+                             include_meta=options.include_meta_columns or touched is not None,
                              merged_already=task.merged_already, key_filter=key_filter):
         if options.include_meta_columns:
             merged = _with_meta(plan, task, merged)
