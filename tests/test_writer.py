@@ -3,6 +3,8 @@ the meta columns each row gets, and that every data file is durable before a com
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,7 +82,13 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
 
     events: list[tuple[str, str]] = []
     real_fsync, real_complete = nbcc.storage._fsync_path, nbcc.commit.create_completed
-    monkeypatch.setattr(nbcc.storage, "_fsync_path", lambda path: (events.append(("fsync", path)), real_fsync(path)))
+    sizes: dict[str, int] = {}
+
+    def fsync(path):
+        sizes[path] = os.path.getsize(path)  # synced once every byte was written
+        events.append(("fsync", path))
+        real_fsync(path)
+    monkeypatch.setattr(nbcc.storage, "_fsync_path", fsync)
 
     def completing(storage, instant, completion, action, metadata):
         events.append(("commit", instant))
@@ -104,5 +112,27 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
     assert kinds.count("BaseFile") == 3 and kinds.count("LogFile") > 3, "expected rolled-over log files"
     synced = [path for kind, path in events if kind == "fsync"]
     assert sorted(synced) == sorted(files)
+    assert sizes == {path: os.path.getsize(path) for path in files}
     for path, parsed in files.items():  # each before the commit (or compaction) that publishes it
         assert events.index(("fsync", path)) < events.index(("commit", parsed.instant)), path
+
+
+def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypatch):
+    import errno
+
+    import nbcc.storage
+
+    def failing(path):
+        raise OSError(errno.EIO, "injected: the disk could not write the file", path)
+
+    data = pa.table({"id": np.arange(100, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)})
+    table = nbcc.Table.create(str(tmp_path / "t"), data.schema, "id", ordering_field="ts", buckets=4)
+    monkeypatch.setattr(nbcc.storage, "_fsync_path", failing)
+    try:
+        table.write(data)
+        raise AssertionError("the write succeeded although its files could not be made durable")
+    except OSError as exc:
+        assert exc.errno == errno.EIO
+    monkeypatch.undo()
+    assert [(i.state, i.completion) for i in table.timeline()] == [("inflight", None)]
+    assert table.read().num_rows == 0

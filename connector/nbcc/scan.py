@@ -598,6 +598,9 @@ def _with_meta(plan: ScanPlan, task: ScanTask, merged: pa.Table) -> pa.Table:
     return out.append_column(FILE_GROUP_COL, constant_strings(task.file_group_id, n))
 
 
+_PRE_MERGE_KEY_SET = 100_000
+
+
 def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.Table]:
     """The rows of one task, in `plan.output_schema`, piece by piece (memory stays bounded for a
     large file slice: see reader.py)."""
@@ -610,14 +613,23 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     # be applied to merged rows (an older version of a key may match where the winner does not).
     on_keys = [p for p in options.predicates if p.column in config.record_key]
     key_filter = conjunction(on_keys)
-    touched = None  # on `_nbcc_record_key`, so the files' meta columns are read
+    touched = None
     if options.query_type == INCREMENTAL and not task.range_only:  # else every key in the files changed
-        touched = pc.field(RECORD_KEY_COL).isin(_touched_keys(storage, plan, task))
-        key_filter = touched if key_filter is None else key_filter & touched
+        keys = _touched_keys(storage, plan, task)
+        touched = pc.field(RECORD_KEY_COL).isin(keys)
+        # Each filter call hashes the key set again (once per file, or per spilled batch): with
+        # a huge set, filter the merged rows once instead.
+        if len(keys) <= _PRE_MERGE_KEY_SET:
+            key_filter, touched = (touched if key_filter is None else key_filter & touched), None
     expr = conjunction([p for p in options.predicates if p.column not in config.record_key], options.arrow_filter)
+    # Incremental reads keep the meta columns for the touched keys (`_nbcc_record_key`) and for a
+    # pyarrow filter, which may name them.
+    meta = options.query_type == INCREMENTAL and (not task.range_only or options.arrow_filter is not None)
     for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
-                             include_meta=options.include_meta_columns or touched is not None,
+                             include_meta=options.include_meta_columns or meta,
                              merged_already=task.merged_already, key_filter=key_filter):
+        if touched is not None:
+            merged = merged.filter(touched)
         if options.include_meta_columns:
             merged = _with_meta(plan, task, merged)
         if expr is not None and merged.num_rows:

@@ -239,6 +239,9 @@ class LogWriter:
         update_stats(log.stats, chunk, self.stats_columns)
         if log.sink.tell() >= self.max_bytes:
             self._close_file(log)
+            # Durable now: a write error of a file left closed for long can be lost by the time
+            # of a late fsync. The files still open at close() are synced there, together.
+            self.storage.make_durable([data_file_path(log.partition, log.name)])
             log.version += 1
 
     def _close_file(self, log: _OpenLog) -> None:
@@ -246,7 +249,7 @@ class LogWriter:
             return
         log.writer.close()
         size = log.sink.tell()
-        log.sink.close()  # made durable by close(), with the writer's other files
+        log.sink.close()
         info: dict[str, Any] = {
             "partition": log.partition,
             "file_group": log.file_group,
@@ -265,10 +268,11 @@ class LogWriter:
     def close(self) -> list[dict[str, Any]]:
         """Flush and close every file; returns what was written (for the commit metadata)."""
         try:
+            rolled_over = len(self.files)  # made durable already
             for log in self._open.values():
                 self._flush(log)
                 self._close_file(log)
-            self.storage.make_durable([data_file_path(f["partition"], f["name"]) for f in self.files])
+            self.storage.make_durable([data_file_path(f["partition"], f["name"]) for f in self.files[rolled_over:]])
         except BaseException:
             self.abort()
             raise
