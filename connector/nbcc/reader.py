@@ -152,7 +152,7 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
         return merge_records(rows, config.record_key, config.ordering_field, config.merge_mode, compact,
                              late_after)
 
-    def keyed(rows: pa.Table) -> pa.Table:
+    def wanted_keys(rows: pa.Table) -> pa.Table:
         return rows if key_filter is None or not rows.num_rows else rows.filter(key_filter)
 
     arrow_fs = storage.arrow_filesystem()
@@ -165,16 +165,16 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
             for f in opened:
                 reads = [f.read(fschema.names)] if f.rows <= merge_rows else f.batches(fschema.names, merge_rows)
                 for part in reads:
-                    yield finish(keyed(_aligned(part, fschema)))
+                    yield finish(wanted_keys(_aligned(part, fschema)))
             return
         if total <= merge_rows:
             in_memory = fschema
             if not include_meta and not compact and COMMIT_TIME_COL in fschema.names:
                 in_memory = fschema.set(fschema.get_field_index(COMMIT_TIME_COL), _INSTANTS_AS_DICTIONARY)
-            parts = [keyed(_aligned(f.read(in_memory.names), in_memory)) for f in opened]
+            parts = [wanted_keys(_aligned(f.read(in_memory.names), in_memory)) for f in opened]
             yield finish(merge(pa.concat_tables(parts) if parts else in_memory.empty_table()))
             return
-        for piece in _spilled_pieces(opened, fschema, config.record_key, math.ceil(total / merge_rows), keyed):
+        for piece in _spilled_pieces(opened, fschema, config.record_key, math.ceil(total / merge_rows), wanted_keys):
             yield finish(merge(piece))
 
 
@@ -186,7 +186,7 @@ def _piece_ids(rows: pa.Table, record_key: Sequence[str], pieces: int) -> np.nda
 
 
 def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Sequence[str],
-                    pieces: int, keyed: Callable[[pa.Table], pa.Table]) -> Iterator[pa.Table]:
+                    pieces: int, wanted_keys: Callable[[pa.Table], pa.Table]) -> Iterator[pa.Table]:
     """Split the files' rows by key into `pieces` temporary Arrow IPC files, keeping log order
     within each, then hand them back one at a time."""
     with tempfile.TemporaryDirectory(prefix="nbcc-merge-") as tmp:
@@ -195,7 +195,7 @@ def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Seq
             sinks = [writers.enter_context(pa.ipc.new_file(path, fschema)) for path in paths]
             for f in opened:
                 for batch in f.batches(fschema.names):
-                    batch = keyed(_aligned(batch, fschema))
+                    batch = wanted_keys(_aligned(batch, fschema))
                     if not batch.num_rows:
                         continue
                     ids = _piece_ids(batch, record_key, pieces)

@@ -611,25 +611,23 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     # Predicates on record key columns, and an incremental read's touched keys, select whole
     # keys: they filter the files' rows before the merge (reader.iter_files). The rest can only
     # be applied to merged rows (an older version of a key may match where the winner does not).
-    on_keys = [p for p in options.predicates if p.column in config.record_key]
-    key_filter = conjunction(on_keys)
-    touched = None
+    key_filter = conjunction([p for p in options.predicates if p.column in config.record_key])
+    expr = conjunction([p for p in options.predicates if p.column not in config.record_key], options.arrow_filter)
     if options.query_type == INCREMENTAL and not task.range_only:  # else every key in the files changed
         keys = _touched_keys(storage, plan, task)
         touched = pc.field(RECORD_KEY_COL).isin(keys)
         # Each filter call hashes the key set again (once per file, or per spilled batch): with
         # a huge set, filter the merged rows once instead.
         if len(keys) <= _PRE_MERGE_KEY_SET:
-            key_filter, touched = (touched if key_filter is None else key_filter & touched), None
-    expr = conjunction([p for p in options.predicates if p.column not in config.record_key], options.arrow_filter)
+            key_filter = touched if key_filter is None else key_filter & touched
+        else:
+            expr = touched if expr is None else touched & expr
     # Incremental reads keep the meta columns for the touched keys (`_nbcc_record_key`) and for a
     # pyarrow filter, which may name them.
     meta = options.query_type == INCREMENTAL and (not task.range_only or options.arrow_filter is not None)
     for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
                              include_meta=options.include_meta_columns or meta,
                              merged_already=task.merged_already, key_filter=key_filter):
-        if touched is not None:
-            merged = merged.filter(touched)
         if options.include_meta_columns:
             merged = _with_meta(plan, task, merged)
         if expr is not None and merged.num_rows:

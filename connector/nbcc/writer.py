@@ -195,6 +195,7 @@ class LogWriter:
         self.stats_columns = [f.name for f in table_schema if supported_type(f.type)]
         self.on_progress = on_progress  # keeps the instant's heartbeat alive (Spark tasks)
         self.files: list[dict[str, Any]] = []
+        self._unsynced: list[str] = []  # closed files not yet made durable
         self._dictionary: list[str] | None = None
 
     def write(self, rows: pa.Table) -> None:
@@ -241,7 +242,7 @@ class LogWriter:
             self._close_file(log)
             # Durable now: a write error of a file left closed for long can be lost by the time
             # of a late fsync. The files still open at close() are synced there, together.
-            self.storage.make_durable([data_file_path(log.partition, log.name)])
+            self._make_durable()
             log.version += 1
 
     def _close_file(self, log: _OpenLog) -> None:
@@ -250,6 +251,7 @@ class LogWriter:
         log.writer.close()
         size = log.sink.tell()
         log.sink.close()
+        self._unsynced.append(data_file_path(log.partition, log.name))
         info: dict[str, Any] = {
             "partition": log.partition,
             "file_group": log.file_group,
@@ -265,14 +267,18 @@ class LogWriter:
         self.files.append(info)
         log.writer, log.sink, log.rows, log.ordering, log.stats = None, None, 0, [], {}
 
+    def _make_durable(self) -> None:
+        """fsync the files closed since the last call (local disk), before a commit names them."""
+        self.storage.make_durable(self._unsynced)
+        self._unsynced = []
+
     def close(self) -> list[dict[str, Any]]:
         """Flush and close every file; returns what was written (for the commit metadata)."""
         try:
-            rolled_over = len(self.files)  # made durable already
             for log in self._open.values():
                 self._flush(log)
                 self._close_file(log)
-            self.storage.make_durable([data_file_path(f["partition"], f["name"]) for f in self.files[rolled_over:]])
+            self._make_durable()
         except BaseException:
             self.abort()
             raise
