@@ -1,21 +1,27 @@
 """The floor of Spark's Python data source API, measured in the same run as nbcc.
 
-Two do-nothing-else sources: a writer that only counts the Arrow batches Spark hands it, and a
-reader that only reads a list of Parquet files and yields their batches, in as many input
-partitions as nbcc uses. nbcc's figure minus the floor's is what nbcc itself costs; the floor
-against Spark's own Parquet source is what any Python source costs (issue 5's targets (1) and
-(3) are ratios to Spark's Parquet source, so this shows how much of each ratio is the API's).
+Do-nothing-else sources: a writer that only counts the Arrow batches Spark hands it (or, given
+option `path`, only writes them to one Parquet file per task, encoded as nbcc encodes a data
+column), and a reader that only reads a list of Parquet files and yields their batches, in as
+many input partitions as nbcc uses. nbcc's figure minus the floor's is what nbcc itself costs;
+the floor against Spark's own Parquet source is what any Python source costs (issue 5's targets
+(1) and (3) are ratios to Spark's Parquet source, so this shows how much of each ratio is the
+API's, and for writes how much is writing Parquet from Python at all).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition,
                                     WriterCommitMessage)
+
+from nbcc.writer import parquet_writer
 
 NAME = "nbcc_bench_floor"
 
@@ -41,16 +47,29 @@ class _Reader(DataSourceReader):
 
 
 class _Writer(DataSourceArrowWriter):
+    def __init__(self, path: str | None):
+        self.path = path
+
     def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
-        rows = 0
+        if self.path is None:
+            rows = 0
+            for batch in iterator:
+                rows += batch.num_rows
+            return WriterCommitMessage()
+        writer = None
         for batch in iterator:
-            rows += batch.num_rows
+            if writer is None:  # encoded as nbcc encodes its data columns
+                writer = parquet_writer(os.path.join(self.path, f"{uuid.uuid4().hex}.parquet"), batch.schema,
+                                        sample=pa.Table.from_batches([batch]))
+            writer.write_batch(batch)
+        if writer is not None:
+            writer.close()
         return WriterCommitMessage()
 
 
 class FloorSource(DataSource):
     """Reading: a schema given with `.schema()`, and options `paths` (JSON list of Parquet files)
-    and `partitions`. Writing: no options."""
+    and `partitions`. Writing: option `path` (an existing folder) to write Parquet files there."""
 
     @classmethod
     def name(cls) -> str:
@@ -61,7 +80,7 @@ class FloorSource(DataSource):
                        int(self.options["partitions"]))
 
     def writer(self, schema, overwrite):
-        return _Writer()
+        return _Writer(self.options.get("path"))
 
 
 def register(spark) -> None:

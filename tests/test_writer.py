@@ -1,4 +1,4 @@
-"""Log files as written: which columns Parquet dictionary-encodes (writer.dictionary_columns),
+"""Log files as written: which columns Parquet dictionary- or delta-encodes (writer.column_encodings),
 the meta columns each row gets, and that every data file is durable before a commit names it."""
 
 from __future__ import annotations
@@ -40,6 +40,38 @@ def test_log_files_dictionary_encode_repetitive_columns_only(tmp_path):
     assert {"region", "score", "ts", "_nbcc_commit_time"} <= dictionary
     assert not {"id", "amount", "_nbcc_record_key"} & dictionary
     assert table.read().sort_by("id").to_pydict() == data.to_pydict()
+
+
+def test_integer_columns_with_small_steps_are_delta_encoded_in_log_and_base_files(tmp_path):
+    # Sorted keys, close event times and small ids take a few bits per value with
+    # DELTA_BINARY_PACKED; wide random integers stay plain (delta would only cost CPU there).
+    n = 50_000
+    rng = np.random.default_rng(1)
+    ids = np.arange(n, dtype=np.int64) * 3 - 70_000  # negative too
+    data = pa.table({
+        "id": ids,
+        "event": pa.array(1_700_000_000_000_000 + ids * 1000, pa.timestamp("us", tz="UTC")),
+        "day": pa.array((19_000 + ids // 5000).astype(np.int32), pa.date32()),
+        "small": pa.array(np.where(ids % 7 == 0, None, rng.integers(-2**20, 2**20, n))),  # unsorted, nulls
+        "wide": rng.integers(-2**62, 2**62, n),
+        "extremes": np.where(ids % 2 == 0, np.iinfo(np.int64).min, np.iinfo(np.int64).max),
+        "amount": rng.random(n),
+        "ts": np.ones(n, dtype=np.int64),
+    })
+    table = nbcc.Table.create(str(tmp_path / "t"), data.schema, "id", ordering_field="ts", buckets=2)
+    table.write(data)
+    logs = [str(tmp_path / "t" / s.log_files[0]) for s in table.file_slices()]
+    table.compact()
+    bases = [str(tmp_path / "t" / s.base_file) for s in table.file_slices()]
+    assert len(logs) == len(bases) == 2
+    for path in logs + bases:
+        enc = _encodings(path)
+        delta = {name for name, e in enc.items() if "DELTA_BINARY_PACKED" in e}
+        assert {"id", "event", "small"} <= delta, (path, enc)
+        assert not {"wide", "extremes", "amount", "ts", "_nbcc_commit_time"} & delta, (path, enc)
+    # Within a bucket consecutive days repeat: the dictionary wins, not delta.
+    assert all("DELTA_BINARY_PACKED" not in _encodings(p)["day"] for p in logs)
+    assert table.read().sort_by("id").to_pydict() == data.sort_by("id").to_pydict()
 
 
 def test_every_row_of_every_log_file_carries_its_commit_instant_and_key(tmp_path):

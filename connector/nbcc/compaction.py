@@ -96,17 +96,22 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
     stat_columns = [f.name for f in schema if supported_type(f.type)]
     rows, live = 0, True
     with storage.open_write(rel) as sink:
-        with parquet_writer(sink, fschema) as out:
+        out = None  # opened on the first piece, whose rows choose the columns' encodings
+        try:
             # Pieces have disjoint keys (reader.py), so "one live row per key" holds for the file
             # when it holds for every piece.
             for piece in iter_files(storage, config, schema, operation["partition"], files, compact=True,
                                     late_after=plan.get("earliest_pending")):
                 piece = piece.cast(fschema)
+                if out is None:
+                    out = parquet_writer(sink, fschema, sample=piece)
                 out.write_table(piece, row_group_size=ROW_GROUP_ROWS)
                 update_stats(stats, piece, stat_columns)
                 rows += piece.num_rows
                 live = live and (not pc.any(piece.column(IS_DELETED_COL)).as_py()
                                  and pc.count_distinct(piece.column(RECORD_KEY_COL)).as_py() == piece.num_rows)
+        finally:
+            (out or parquet_writer(sink, fschema)).close()
         size = sink.tell()
     storage.make_durable([rel])
     return {"partition": operation["partition"], "file_group": operation["file_group"], "name": name,

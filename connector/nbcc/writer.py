@@ -31,7 +31,8 @@ ROW_GROUP_BYTES = 64 * 1024 * 1024
 COMPRESSION = "snappy"  # as Spark's own Parquet writer: faster to write and read than zstd
 
 
-_DICTIONARY_SAMPLE_ROWS = 16 * 1024
+_SAMPLE_ROWS = 16 * 1024
+_DELTA_MAX_STEP = 2**32
 
 
 def dictionary_columns(schema: pa.Schema, sample: pa.Table | None) -> list[str]:
@@ -44,7 +45,7 @@ def dictionary_columns(schema: pa.Schema, sample: pa.Table | None) -> list[str]:
     names = [n for n in schema.names if n != RECORD_KEY_COL]
     if sample is None or sample.num_rows == 0:
         return names
-    head = sample.slice(0, _DICTIONARY_SAMPLE_ROWS)
+    head = sample.slice(0, _SAMPLE_ROWS)
     keep = []
     for name in names:
         if name.startswith(META_PREFIX) or name not in head.column_names:
@@ -59,13 +60,45 @@ def dictionary_columns(schema: pa.Schema, sample: pa.Table | None) -> list[str]:
     return keep
 
 
-def parquet_writer(sink: Any, schema: pa.Schema, dictionary: list[str] | None = None) -> pq.ParquetWriter:
-    """A writer for a log or base file; `dictionary`: the columns to dictionary-encode (default:
-    `dictionary_columns` without a sample). nbcc keeps its own statistics (commit metadata), so
-    Parquet's are written for the data columns only (for other tools); measured on 2M rows this
-    and no dictionary for `_nbcc_record_key` halve the encoding time."""
-    return pq.ParquetWriter(sink, schema, compression=COMPRESSION,
-                            use_dictionary=dictionary if dictionary is not None else dictionary_columns(schema, None),
+def _delta_friendly(col: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether consecutive values of an integer, timestamp or date column differ by less than
+    2**32 (sorted keys, event times, ids of one range): DELTA_BINARY_PACKED then stores a value
+    in a few bits. Measured on 62.5k-row files (pyarrow 26, snappy): with steps under 2**24 it
+    writes in half the CPU of plain encoding, reads in 0.4-0.5x and takes a third of the bytes;
+    with steps of 2**48 and more, plain is 3x cheaper to write (snappy gives up at once)."""
+    t = col.type
+    if not (pa.types.is_timestamp(t) or pa.types.is_date32(t)
+            or (pa.types.is_integer(t) and t != pa.uint64())):
+        return False
+    as_int = pa.int32() if pa.types.is_date32(t) else pa.int64()
+    values = pc.cast(col.drop_null(), as_int).to_numpy().astype(np.float64)  # floats: no overflow
+    return len(values) > 1 and float(np.abs(np.diff(values)).max()) < _DELTA_MAX_STEP
+
+
+def column_encodings(schema: pa.Schema, sample: pa.Table | None) -> tuple[list[str], dict[str, str]]:
+    """The columns to dictionary-encode (`dictionary_columns`) and, given a `sample` of the
+    first rows, the other integer-like columns to delta-encode (`_delta_friendly`). A writer
+    decides once, from the first rows it writes: Parquet cannot change a column's encoding per
+    value cheaply, and a writer's rows are of one kind."""
+    dictionary = dictionary_columns(schema, sample)
+    delta: dict[str, str] = {}
+    if sample is not None:
+        head = sample.slice(0, _SAMPLE_ROWS)
+        for name in schema.names:
+            if name not in dictionary and name in head.column_names and _delta_friendly(head.column(name)):
+                delta[name] = "DELTA_BINARY_PACKED"
+    return dictionary, delta
+
+
+def parquet_writer(sink: Any, schema: pa.Schema, sample: pa.Table | None = None,
+                   encodings: tuple[list[str], dict[str, str]] | None = None) -> pq.ParquetWriter:
+    """A writer for a log or base file, encoding columns as `column_encodings` decides from
+    `sample` (the file's first rows), or as `encodings` says. nbcc keeps its own statistics
+    (commit metadata), so Parquet's are written for the data columns only (for other tools);
+    measured on 2M rows this and no dictionary for `_nbcc_record_key` halve the encoding time."""
+    dictionary, delta = encodings if encodings is not None else column_encodings(schema, sample)
+    return pq.ParquetWriter(sink, schema, compression=COMPRESSION, use_dictionary=dictionary,
+                            column_encoding=delta or None,
                             write_statistics=[n for n in schema.names if not n.startswith(META_PREFIX)])
 
 
@@ -196,7 +229,7 @@ class LogWriter:
         self.on_progress = on_progress  # keeps the instant's heartbeat alive (Spark tasks)
         self.files: list[dict[str, Any]] = []
         self._unsynced: list[str] = []  # closed files not yet made durable
-        self._dictionary: list[str] | None = None
+        self._encodings: tuple[list[str], dict[str, str]] | None = None
 
     def write(self, rows: pa.Table) -> None:
         """Append rows as `prepare` returns them; `_flush` adds this instant's commit time."""
@@ -229,9 +262,9 @@ class LogWriter:
             log.name = log_file_name(log.file_group, self.instant, log.version, self.token)
             path = data_file_path(log.partition, log.name)
             log.sink = self.storage.open_write(path)
-            if self._dictionary is None:  # decided once: every bucket gets rows of one kind
-                self._dictionary = dictionary_columns(self.schema, chunk)
-            log.writer = parquet_writer(log.sink, self.schema, self._dictionary)
+            if self._encodings is None:  # decided once: every bucket gets rows of one kind
+                self._encodings = column_encodings(self.schema, chunk)
+            log.writer = parquet_writer(log.sink, self.schema, encodings=self._encodings)
         log.writer.write_table(chunk, row_group_size=max(chunk.num_rows, 1))
         log.rows += chunk.num_rows
         if self.config.ordering_field:
