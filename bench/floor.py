@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceReader, InputPartition,
                                     WriterCommitMessage)
 
-from nbcc.writer import parquet_writer
+from nbcc.writer import column_encodings, parquet_writer
 
 NAME = "nbcc_bench_floor"
 
@@ -60,7 +60,7 @@ class _Writer(DataSourceArrowWriter):
         for batch in iterator:
             if writer is None:  # encoded as nbcc encodes its data columns
                 writer = parquet_writer(os.path.join(self.path, f"{uuid.uuid4().hex}.parquet"), batch.schema,
-                                        sample=pa.Table.from_batches([batch]))
+                                        column_encodings(batch.schema, pa.Table.from_batches([batch])))
             writer.write_batch(batch)
         if writer is not None:
             writer.close()

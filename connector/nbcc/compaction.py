@@ -41,7 +41,7 @@ from .timeline import (
     create_completed,
     read_compaction_plan,
 )
-from .writer import ROW_GROUP_ROWS, parquet_writer, update_stats
+from .writer import ROW_GROUP_ROWS, column_encodings, parquet_writer, update_stats
 
 log = logging.getLogger(__name__)
 
@@ -104,14 +104,17 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
                                     late_after=plan.get("earliest_pending")):
                 piece = piece.cast(fschema)
                 if out is None:
-                    out = parquet_writer(sink, fschema, sample=piece)
+                    out = parquet_writer(sink, fschema, column_encodings(fschema, piece))
                 out.write_table(piece, row_group_size=ROW_GROUP_ROWS)
                 update_stats(stats, piece, stat_columns)
                 rows += piece.num_rows
                 live = live and (not pc.any(piece.column(IS_DELETED_COL)).as_py()
                                  and pc.count_distinct(piece.column(RECORD_KEY_COL)).as_py() == piece.num_rows)
+            if out is None:  # no records: still a base file, the barrier
+                out = parquet_writer(sink, fschema)
         finally:
-            (out or parquet_writer(sink, fschema)).close()
+            if out is not None:
+                out.close()
         size = sink.tell()
     storage.make_durable([rel])
     return {"partition": operation["partition"], "file_group": operation["file_group"], "name": name,

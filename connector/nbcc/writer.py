@@ -90,13 +90,13 @@ def column_encodings(schema: pa.Schema, sample: pa.Table | None) -> tuple[list[s
     return dictionary, delta
 
 
-def parquet_writer(sink: Any, schema: pa.Schema, sample: pa.Table | None = None,
+def parquet_writer(sink: Any, schema: pa.Schema,
                    encodings: tuple[list[str], dict[str, str]] | None = None) -> pq.ParquetWriter:
-    """A writer for a log or base file, encoding columns as `column_encodings` decides from
-    `sample` (the file's first rows), or as `encodings` says. nbcc keeps its own statistics
-    (commit metadata), so Parquet's are written for the data columns only (for other tools);
-    measured on 2M rows this and no dictionary for `_nbcc_record_key` halve the encoding time."""
-    dictionary, delta = encodings if encodings is not None else column_encodings(schema, sample)
+    """A writer for a log or base file, encoding columns as `column_encodings` decided (default:
+    without a sample of rows). nbcc keeps its own statistics (commit metadata), so Parquet's are
+    written for the data columns only (for other tools); measured on 2M rows this and no
+    dictionary for `_nbcc_record_key` halve the encoding time."""
+    dictionary, delta = encodings if encodings is not None else column_encodings(schema, None)
     return pq.ParquetWriter(sink, schema, compression=COMPRESSION, use_dictionary=dictionary,
                             column_encoding=delta or None,
                             write_statistics=[n for n in schema.names if not n.startswith(META_PREFIX)])
@@ -264,7 +264,7 @@ class LogWriter:
             log.sink = self.storage.open_write(path)
             if self._encodings is None:  # decided once: every bucket gets rows of one kind
                 self._encodings = column_encodings(self.schema, chunk)
-            log.writer = parquet_writer(log.sink, self.schema, encodings=self._encodings)
+            log.writer = parquet_writer(log.sink, self.schema, self._encodings)
         log.writer.write_table(chunk, row_group_size=max(chunk.num_rows, 1))
         log.rows += chunk.num_rows
         if self.config.ordering_field:
