@@ -41,9 +41,15 @@ from .timeline import (
     create_completed,
     read_compaction_plan,
 )
-from .writer import ROW_GROUP_ROWS, column_encodings, parquet_writer, update_stats
+from .writer import column_encodings, parquet_writer, update_stats
 
 log = logging.getLogger(__name__)
+
+# A base file is sorted by key (each merged piece: reader.py), so a read filtered by key decodes
+# only the row groups whose statistics may match (reader._row_groups_to_read). Measured on one
+# 2M-row file group: a point lookup took 8.5 ms with 256k-row groups, 3.2 ms with 64k and
+# 2.5 ms with 32k; a full read, file size and compaction time did not change.
+BASE_ROW_GROUP_ROWS = 64 * 1024
 
 
 def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator) -> str | None:
@@ -105,7 +111,7 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
                 piece = piece.cast(fschema)
                 if out is None:
                     out = parquet_writer(sink, fschema, column_encodings(fschema, piece))
-                out.write_table(piece, row_group_size=ROW_GROUP_ROWS)
+                out.write_table(piece, row_group_size=BASE_ROW_GROUP_ROWS)
                 update_stats(stats, piece, stat_columns)
                 rows += piece.num_rows
                 live = live and (not pc.any(piece.column(IS_DELETED_COL)).as_py()

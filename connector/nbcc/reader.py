@@ -14,6 +14,7 @@ out piece by piece.
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import math
 import os
 import tempfile
@@ -27,6 +28,7 @@ import pyarrow.parquet as pq
 from .buckets import java_list_hash
 from .config import TableConfig
 from .errors import DataFileError, StorageError
+from .expr import Predicate, conjunction
 from .filenames import data_file_path
 from .merge import merge_records
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_FIELDS, file_schema
@@ -69,17 +71,21 @@ def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str,
 
 
 class _DataFile:
-    """One open data file: its row count from the footer, then its rows whole or in batches."""
+    """One open data file: its row count from the footer, then its rows whole or in batches.
+    With `prune_by`, only the row groups whose Parquet statistics let them hold a matching row
+    are read (and counted in `rows`)."""
 
     def __init__(self, storage: Storage, arrow_fs: Any, partition: str, name: str, stack: contextlib.ExitStack,
-                 read_dictionary: Sequence[str] | None = None):
+                 read_dictionary: Sequence[str] | None = None, prune_by: Sequence[Predicate] = ()):
         self.storage, self.rel = storage, data_file_path(partition, name)
         try:
             self.pf = pq.ParquetFile(stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))),
                                      read_dictionary=read_dictionary)
+            self.row_groups = _row_groups_to_read(self.pf.metadata, prune_by)
         except Exception as exc:  # noqa: BLE001
             raise _fail(storage, self.rel, exc) from exc
-        self.rows = self.pf.metadata.num_rows
+        md = self.pf.metadata
+        self.rows = md.num_rows if self.row_groups is None else sum(md.row_group(i).num_rows for i in self.row_groups)
 
     def _columns(self, columns: Sequence[str] | None) -> list[str] | None:
         if columns is None:
@@ -89,16 +95,55 @@ class _DataFile:
 
     def read(self, columns: Sequence[str] | None = None) -> pa.Table:
         try:
-            return self.pf.read(columns=self._columns(columns))
+            if self.row_groups is None:
+                return self.pf.read(columns=self._columns(columns))
+            return self.pf.read_row_groups(self.row_groups, columns=self._columns(columns))
         except Exception as exc:  # noqa: BLE001
             raise _fail(self.storage, self.rel, exc) from exc
 
     def batches(self, columns: Sequence[str] | None = None, rows: int = _SPILL_BATCH_ROWS) -> Iterator[pa.Table]:
+        if self.row_groups == []:
+            return
         try:
-            for batch in self.pf.iter_batches(batch_size=rows, columns=self._columns(columns)):
+            for batch in self.pf.iter_batches(batch_size=rows, row_groups=self.row_groups,
+                                              columns=self._columns(columns)):
                 yield pa.Table.from_batches([batch])
         except Exception as exc:  # noqa: BLE001
             raise _fail(self.storage, self.rel, exc) from exc
+
+
+def _row_groups_to_read(metadata: pq.FileMetaData, predicates: Sequence[Predicate]) -> list[int] | None:
+    """The row groups that may hold a row matching every predicate, judged from their Parquet
+    statistics (min, max, null count) as `Predicate.may_match` judges a file from nbcc's own;
+    None for all of them. A compacted base file is sorted by key in row groups of
+    `compaction.BASE_ROW_GROUP_ROWS`, so a lookup by key decodes one row group, not the file."""
+    if not predicates or metadata.num_row_groups < 2:
+        return None
+    index = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
+    keep = []
+    for i in range(metadata.num_row_groups):
+        group = metadata.row_group(i)
+        if all(p.may_match(_parquet_stats(group, index.get(p.column)), group.num_rows) for p in predicates):
+            keep.append(i)
+    return keep
+
+
+def _parquet_stats(group: pq.RowGroupMetaData, column: int | None) -> dict[str, Any] | None:
+    """A row group's statistics of one column in the form of nbcc's file statistics
+    (`writer.update_stats`: dates as ISO text); None when the file has none for it."""
+    if column is None:
+        return None
+    st = group.column(column).statistics
+    if st is None:
+        return None
+    out: dict[str, Any] = {"nulls": st.null_count if st.has_null_count else None}
+    if st.has_min_max:
+        lo, hi = st.min, st.max
+        if isinstance(lo, _dt.date) and not isinstance(lo, _dt.datetime):
+            lo, hi = lo.isoformat(), hi.isoformat()
+        if isinstance(lo, (int, str, bool)):  # types whose order predicates compare by
+            out["min"], out["max"] = lo, hi
+    return out
 
 
 def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -124,16 +169,18 @@ _INSTANTS_AS_DICTIONARY = pa.field(COMMIT_TIME_COL, pa.dictionary(pa.int32(), pa
 def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
                files: Sequence[str], include_meta: bool = False, compact: bool = False,
                merged_already: bool = False, merge_rows: int | None = None,
-               late_after: str | None = None, key_filter: pc.Expression | None = None) -> Iterator[pa.Table]:
+               late_after: str | None = None, key_predicates: Sequence[Predicate] = (),
+               key_filter: pc.Expression | None = None) -> Iterator[pa.Table]:
     """The merged, live records of `files` (one file group's files, in log order), in `schema`
     plus the meta columns if asked; with `compact`, what a base file keeps (merge.py). Yields
     pieces whose keys are disjoint, each sorted by key; memory follows `merge_rows`.
     `merged_already`: the files hold one live row per key (a base file marked live).
     `late_after` (with `compact`): the earliest instant that may still complete (merge.py).
-    `key_filter`: an expression on record key columns (or `_nbcc_record_key`) that every file's
-    rows are filtered by before they merge. A merge is per key and a key's records all pass or
-    all fail, so this gives the merge of the whole slice restricted to those keys; a point
-    lookup then merges the few rows of its key, not the file group."""
+    `key_predicates` (on record key columns) and `key_filter` (an expression on them or on
+    `_nbcc_record_key`): every file's rows are filtered by both before they merge, and the
+    predicates skip the row groups whose statistics rule them out. A merge is per key and a
+    key's records all pass or all fail, so this gives the merge of the whole slice restricted to
+    those keys; a point lookup then merges the few rows of its key, not the file group."""
     merge_rows = merge_rows or DEFAULT_MERGE_ROWS
     fschema = file_schema(schema)
     if not include_meta and not compact:
@@ -152,12 +199,16 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
         return merge_records(rows, config.record_key, config.ordering_field, config.merge_mode, compact,
                              late_after)
 
+    wanted = conjunction(key_predicates, key_filter)
+
     def wanted_keys(rows: pa.Table) -> pa.Table:
-        return rows if key_filter is None or not rows.num_rows else rows.filter(key_filter)
+        return rows if wanted is None or not rows.num_rows else rows.filter(wanted)
 
     arrow_fs = storage.arrow_filesystem()
     with contextlib.ExitStack() as stack:
-        opened = [_DataFile(storage, arrow_fs, partition, n, stack, [COMMIT_TIME_COL]) for n in files]
+        opened = [_DataFile(storage, arrow_fs, partition, n, stack, [COMMIT_TIME_COL], key_predicates)
+                  for n in files]
+        opened = [f for f in opened if f.rows] or opened[:1]  # files whose row groups all miss
         total = sum(f.rows for f in opened)
         if merged_already:
             if not opened:

@@ -611,7 +611,8 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     # Predicates on record key columns, and an incremental read's touched keys, select whole
     # keys: they filter the files' rows before the merge (reader.iter_files). The rest can only
     # be applied to merged rows (an older version of a key may match where the winner does not).
-    key_filter = conjunction([p for p in options.predicates if p.column in config.record_key])
+    key_predicates = [p for p in options.predicates if p.column in config.record_key]
+    key_filter = None
     expr = conjunction([p for p in options.predicates if p.column not in config.record_key], options.arrow_filter)
     if options.query_type == INCREMENTAL and not task.range_only:  # else every key in the files changed
         keys = _touched_keys(storage, plan, task)
@@ -619,7 +620,7 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
         # Each filter call hashes the key set again (once per file, or per spilled batch): with
         # a huge set, filter the merged rows once instead.
         if len(keys) <= _PRE_MERGE_KEY_SET:
-            key_filter = touched if key_filter is None else key_filter & touched
+            key_filter = touched
         else:
             expr = touched if expr is None else touched & expr
     # Incremental reads keep the meta columns for the touched keys (`_nbcc_record_key`) and for a
@@ -627,7 +628,8 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     meta = options.query_type == INCREMENTAL and (not task.range_only or options.arrow_filter is not None)
     for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
                              include_meta=options.include_meta_columns or meta,
-                             merged_already=task.merged_already, key_filter=key_filter):
+                             merged_already=task.merged_already, key_predicates=key_predicates,
+                             key_filter=key_filter):
         if options.include_meta_columns:
             merged = _with_meta(plan, task, merged)
         if expr is not None and merged.num_rows:
