@@ -347,13 +347,7 @@ class Bench:
         spark = self.spark
         uri = self.base_table()
         nbcc_df = spark.read.format("nbcc").load(uri)
-        partitions = nbcc_df.rdd.getNumPartitions()  # plans the read once
-        # The floor reads the very files nbcc reads, in as many input partitions.
-        table = nbcc.Table.open(uri)
-        paths = [table.storage.full_path(data_file_path(task.partition, name))
-                 for task in table.plan().tasks for name in task.files]
-        floor_df = (spark.read.format(floor.NAME).schema(nbcc_df.schema).option("paths", json.dumps(paths))
-                    .option("partitions", partitions).load())
+        floor_df, partitions = self.floor_reader(nbcc_df, uri)
         t = paired_times({"nbcc": lambda: consume(nbcc_df),
                           "parquet": lambda: consume(spark.read.parquet(str(self.work / "base.parquet"))),
                           "floor": lambda: consume(floor_df)},
@@ -368,6 +362,16 @@ class Bench:
                     "python_reader_floor: a Python data source that only reads the same base files with "
                     f"pyarrow, in the same {partitions} input partitions, and yields their "
                     "Arrow batches (bench/floor.py)")
+
+    def floor_reader(self, nbcc_df, uri: str, **plan_options: Any) -> tuple[Any, int]:
+        """A DataFrame of the floor reader (bench/floor.py) over the very files nbcc reads for
+        `nbcc_df` (planned with `plan_options`), in as many input partitions; and that count."""
+        partitions = nbcc_df.rdd.getNumPartitions()  # plans the read once
+        table = nbcc.Table.open(uri)
+        paths = [table.storage.full_path(data_file_path(task.partition, name))
+                 for task in table.plan(**plan_options).tasks for name in task.files]
+        return (self.spark.read.format(floor.NAME).schema(nbcc_df.schema).option("paths", json.dumps(paths))
+                .option("partitions", partitions).load()), partitions
 
     def mor_table(self) -> str:
         """The base table plus 5 uncompacted upserts of 10% (built once) and the final rows."""
@@ -392,7 +396,7 @@ class Bench:
                     {"nbcc_s": round(nb, 3), "parquet_final_rows_s": round(pqs, 3), "ratio": round(ratio, 2)},
                     "<= 2x", ratio <= 2)
 
-    def one_row_queries(self) -> dict[str, Callable[[], Any]]:
+    def one_row_queries(self, lookup: bool = False) -> dict[str, Callable[[], Any]]:
         """The fixed cost of any query in this session: a collect of a one-row Parquet file
         through Spark's own source, and through a Python data source that only reads that file
         in one input partition (bench/floor.py). No Python source's query can cost less than the
@@ -404,30 +408,39 @@ class Bench:
         schema = spark.read.format("nbcc").load(self.base_table()).schema
         python_source = (spark.read.format(floor.NAME).schema(schema).option("paths", json.dumps([str(one_row)]))
                          .option("partitions", 1))
-        return {"parquet_one_row": lambda: spark.read.parquet(str(one_row)).collect(),
-                "python_source_one_row": lambda: python_source.load().collect()}
+        queries = {"parquet_one_row": lambda: spark.read.parquet(str(one_row)).collect(),
+                   "python_source_one_row": lambda: python_source.load().collect()}
+        if lookup:  # the same collect with a filter on the key: Spark then pushes it to the source
+            queries["python_source_one_row_lookup"] = lambda: python_source.load().where(f"id = {self.n // 3}").collect()
+        return queries
 
     def s5_incremental(self):
         spark = self.spark
         uri = self.mor_table()
         done = [i for i in nbcc.Table.open(uri).timeline() if i.state == "completed"]
         begin = done[-2].completion
-        t = paired_times({"incremental": lambda: consume(spark.read.format("nbcc").option("query_type", "incremental")
-                                                         .option("begin", begin).load(uri)),
+        incremental = spark.read.format("nbcc").option("query_type", "incremental").option("begin", begin).load(uri)
+        range_floor, _ = self.floor_reader(incremental, uri, query_type="incremental", begin=begin)
+        t = paired_times({"incremental": lambda: consume(incremental),
                           "snapshot": lambda: consume(spark.read.format("nbcc").load(uri)),
+                          "range_floor": lambda: consume(range_floor),
                           **self.one_row_queries()}, self.repeats)
         inc, full, fixed = t["incremental"], t["snapshot"], t["python_source_one_row"]
         ratio = inc / full
         self.record("5", "incremental read of the last 10% commit vs full snapshot",
                     {"incremental_s": round(inc, 3), "snapshot_s": round(full, 3), "ratio": round(ratio, 2),
                      "python_source_one_row_s": round(fixed, 3), "floor_ratio": round(fixed / full, 2),
+                     "python_reader_range_files_s": round(t["range_floor"], 3),
+                     "range_floor_ratio": round(t["range_floor"] / full, 2),
                      "parquet_one_row_file_s": round(t["parquet_one_row"], 3)},
                     "<= 0.2", ratio <= 0.2,
                     "the range's records outrank every older one here (newer instants and ordering values), so "
                     "each touched file group reads only the range's files (format.md section 12.7); "
                     "python_source_one_row: a Python data source's collect of a one-row file, the least any "
                     "query through the API costs here, and floor_ratio that over the snapshot: the smallest "
-                    "ratio any Python source could show")
+                    "ratio any Python source could show; python_reader_range_files: the floor reader (as in "
+                    "(3)) of the files the incremental read reads (the commit's own log files), and "
+                    "range_floor_ratio that over the snapshot")
 
     def s6_point_lookup(self):
         spark = self.spark
@@ -438,7 +451,7 @@ class Bench:
                           "scan": lambda: consume(spark.read.format("nbcc").load(uri)),
                           "parquet_lookup": lambda: spark.read.parquet(base_pq).where(f"id = {key}").collect(),
                           "parquet_scan": lambda: consume(spark.read.parquet(base_pq)),
-                          **self.one_row_queries()}, self.repeats)
+                          **self.one_row_queries(lookup=True)}, self.repeats)
         look, scan = t["lookup"], t["scan"]
         buckets = nbcc.Table.open(uri).config.buckets
         ratio = look / scan
@@ -454,6 +467,15 @@ class Bench:
         index_s = time.perf_counter() - start
         hit = next(k for k in range(key, self.n) if indexed.read(filter=[("id", "=", k)], use_metadata_table=False)
                    .column("name")[0].as_py().startswith("name-"))  # not rewritten by an upsert
+
+        # The same rows compacted into one file group (one bucket): a lookup through the Python
+        # API decodes the row group of its base file that may hold the key, not the whole file.
+        one_group = nbcc.Table.create(str(self.work / "s6-one-group"), make_rows(1).schema, "id",
+                                      ordering_field="ts", buckets=1)
+        one_group.write(make_rows(self.n))
+        one_group.compact()
+        one_t = paired_times({"lookup": lambda: one_group.read(filter=[("id", "=", key)]),
+                              "read": lambda: one_group.read()}, self.repeats)
 
         def lookup(use: str) -> float:
             return median_time(lambda: spark.read.format("nbcc").option("use_metadata_table", use).load(str(mor))
@@ -471,19 +493,26 @@ class Bench:
                      "parquet_ratio": round(t["parquet_lookup"] / t["parquet_scan"], 3),
                      "parquet_one_row_file_s": round(t["parquet_one_row"], 3),
                      "python_source_one_row_s": round(t["python_source_one_row"], 3),
-                     "floor_ratio": round(t["python_source_one_row"] / scan, 3),
+                     "python_source_one_row_lookup_s": round(t["python_source_one_row_lookup"], 3),
+                     "floor_ratio": round(t["python_source_one_row_lookup"] / scan, 3),
                      "mor_lookup_s": round(lookup("false"), 3), "mor_lookup_with_metadata_table_s": round(lookup("true"), 3),
                      "mor_python_lookup_s": round(python_lookup(False), 3),
                      "mor_python_lookup_with_metadata_table_s": round(python_lookup(True), 3),
                      "mor_files_opened": files(False), "mor_files_opened_with_metadata_table": files(True),
-                     "build_index_s": round(index_s, 3)},
+                     "build_index_s": round(index_s, 3),
+                     "one_group_python_lookup_s": round(one_t["lookup"], 4),
+                     "one_group_python_read_s": round(one_t["read"], 4)},
                     f"<= 1/{buckets // 2}", ratio <= 1 / (buckets // 2),
                     "parquet_*: Spark's own Parquet source, the same lookup and scan of the same rows (one file), "
                     "and a collect of a one-row file (what any query costs here); python_source_one_row: the "
-                    "same collect through a Python data source that only reads the file, and floor_ratio that "
-                    "over nbcc's scan (the smallest ratio any Python source could show); "
+                    "same collect through a Python data source that only reads the file, and with the "
+                    "lookup's filter (python_source_one_row_lookup: Spark then asks the source which filters "
+                    "it takes), and floor_ratio that over nbcc's scan (the smallest ratio any Python source "
+                    "could show for a lookup); "
                     "with the metadata table: the merge-on-read table (base + 5 upserts) with every partition "
-                    "built; the key is one no upsert touched")
+                    "built; the key is one no upsert touched; one_group_*: the rows compacted into one file "
+                    "group, a lookup and a full read through the Python API (a lookup decodes the one "
+                    "64k-row group of the base file whose key range holds the key)")
 
     def s7_concurrent_writers(self):
         script = HERE / "concurrent_writers.py"
