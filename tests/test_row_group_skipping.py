@@ -145,3 +145,16 @@ def test_a_spark_lookup_with_pushdown_skips_row_groups_too(tmp_path, monkeypatch
     finally:
         spark.conf.set(PUSHDOWN, previous)
     assert [r.asDict() for r in rows] == [{"k": 57, "v": "bb57", "ts": 2}]
+
+
+def test_a_key_named_like_a_struct_field_is_judged_by_its_own_statistics(tmp_path, monkeypatch):
+    """Parquet names the leaf b of a struct a by the path "a.b", the same as a column "a.b"."""
+    monkeypatch.setattr(nbcc.compaction, "BASE_ROW_GROUP_ROWS", 2)
+    schema = pa.schema([("a.b", pa.int64()), ("a", pa.struct([("b", pa.int64())]))])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "a.b", buckets=1)
+    table.write(pa.table({"a.b": pa.array([1, 2, 3, 4], pa.int64()),
+                          "a": pa.array([{"b": 100}, {"b": 100}, {"b": 1}, {"b": 1}], schema.field("a").type)}))
+    table.compact()
+    assert pq.ParquetFile(_base_file(table.uri)).metadata.num_row_groups == 2
+    assert table.read(filter=[("a.b", "=", 1)]).to_pylist() == [{"a.b": 1, "a": {"b": 100}}]
+    assert table.read(filter=[("a.b", "=", 3)]).to_pylist() == [{"a.b": 3, "a": {"b": 1}}]

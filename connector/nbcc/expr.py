@@ -19,7 +19,9 @@ Operators: = == != < <= > >= in not_in is_null is_not_null starts_with ends_with
 
 from __future__ import annotations
 
+import bisect
 import datetime as dt
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -117,8 +119,10 @@ class Predicate:
                 return hi > _stat_value(v)
             if self.op == ">=":
                 return hi >= _stat_value(v)
-            if self.op == "in":
-                return any(lo <= _stat_value(x) <= hi for x in v if x is not None)
+            if self.op == "in":  # the least value >= min: a lookup per file or row group, not a scan
+                values = self._sorted_in_values
+                at = bisect.bisect_left(values, lo)
+                return at < len(values) and values[at] <= hi
             if self.op == "starts_with" and isinstance(lo, str):
                 # Strings with prefix v are one contiguous run from v on: a file misses it only
                 # if all its values are below v, or its least value is past the run.
@@ -126,6 +130,10 @@ class Predicate:
         except TypeError:
             return True
         return True
+
+    @functools.cached_property
+    def _sorted_in_values(self) -> list[Any]:
+        return sorted(_stat_value(x) for x in self.value if x is not None)
 
     def pinned_values(self) -> tuple | None:
         """The only values the column may take for the predicate to hold, if it pins them."""

@@ -119,7 +119,9 @@ def _row_groups_to_read(metadata: pq.FileMetaData, predicates: Sequence[Predicat
     `compaction.BASE_ROW_GROUP_ROWS`, so a lookup by key decodes one row group, not the file."""
     if not predicates or metadata.num_row_groups < 2:
         return None
-    index = {metadata.schema.column(j).path: j for j in range(metadata.num_columns)}
+    # Top-level columns only: a column named "a.b" and the leaf b of a struct a share the path.
+    columns = [metadata.schema.column(j) for j in range(metadata.num_columns)]
+    index = {c.name: j for j, c in enumerate(columns) if c.path == c.name}
     keep = []
     for i in range(metadata.num_row_groups):
         group = metadata.row_group(i)
