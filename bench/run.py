@@ -214,21 +214,23 @@ class Bench:
             pq.write_table(make_rows(self.n), path)
         return path
 
-    def warm_arrow_path(self) -> list[float]:
+    def warm_arrow_path(self, df=None) -> list[float]:
         """Write the benchmark's rows through the do-nothing Python writer until the JVM has
         compiled its hand-over of rows to Python (once per session; returns each write's time). Measured here, that
         path takes 4-7 writes of 2M rows to reach steady state (1.2-1.4 s a write, then 0.65 s,
         with the JIT compiler threads busy meanwhile), while Spark's Parquet write is steady after
-        one: a single warm-up round made every Spark-to-Python write look up to 2x slower."""
+        one: a single warm-up round made every Spark-to-Python write look up to 2x slower.
+        `df`: the cached benchmark rows, when the caller has them (else cached here for it)."""
         if self._arrow_path_warm:
             return []
-        df = self.spark.read.parquet(str(self.bulk_input())).cache()
+        rows = df if df is not None else self.spark.read.parquet(str(self.bulk_input())).cache()
         times = []
-        for _ in range(max(3, -(-ARROW_WARMUP_ROWS // max(df.count(), 1)))):
+        for _ in range(max(3, -(-ARROW_WARMUP_ROWS // max(rows.count(), 1)))):
             start = time.perf_counter()
-            df.write.format(floor.NAME).mode("append").save()
+            rows.write.format(floor.NAME).mode("append").save()
             times.append(round(time.perf_counter() - start, 3))
-        df.unpersist()
+        if df is None:
+            rows.unpersist()
         self._arrow_path_warm = True
         return times
 
@@ -263,9 +265,9 @@ class Bench:
 
     def s1_bulk_write(self):
         spark = self.spark
-        warmup = self.warm_arrow_path()
         df = spark.read.parquet(str(self.bulk_input())).cache()
         df.count()
+        warmup = self.warm_arrow_path(df)
         out = self.work / "s1"
 
         def clear():
@@ -402,16 +404,17 @@ class Bench:
         in one input partition (bench/floor.py). No Python source's query can cost less than the
         second, so it bounds the ratios of small reads to full ones, (5) and (6)."""
         spark = self.spark
+        key = self.n // 3
         one_row = self.work / "one-row.parquet"
         if not one_row.exists():
-            pq.write_table(make_rows(1, start=self.n // 3), one_row)
+            pq.write_table(make_rows(1, start=key), one_row)
         schema = spark.read.format("nbcc").load(self.base_table()).schema
         python_source = (spark.read.format(floor.NAME).schema(schema).option("paths", json.dumps([str(one_row)]))
                          .option("partitions", 1))
         queries = {"parquet_one_row": lambda: spark.read.parquet(str(one_row)).collect(),
                    "python_source_one_row": lambda: python_source.load().collect()}
         if lookup:  # the same collect with a filter on the key: Spark then pushes it to the source
-            queries["python_source_one_row_lookup"] = lambda: python_source.load().where(f"id = {self.n // 3}").collect()
+            queries["python_source_one_row_lookup"] = lambda: python_source.load().where(f"id = {key}").collect()
         return queries
 
     def s5_incremental(self):

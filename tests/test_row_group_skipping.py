@@ -22,9 +22,9 @@ import nbcc.compaction
 import nbcc.reader
 from nbcc.errors import DataFileError
 from nbcc.expr import Predicate
+from test_pushdown import pushdown
 
 ROWS_PER_GROUP = 10
-PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
 N = 200
 
 
@@ -138,12 +138,8 @@ def test_a_lookup_in_a_slice_too_large_to_merge_in_memory_stays_in_memory(tmp_pa
 def test_a_spark_lookup_with_pushdown_skips_row_groups_too(tmp_path, monkeypatch, spark):
     table = _table(str(tmp_path / "t"), "int", monkeypatch)
     _damage_all_row_groups_but(_base_file(table.uri), 57 // ROWS_PER_GROUP)
-    previous = spark.conf.get(PUSHDOWN)
-    spark.conf.set(PUSHDOWN, "true")
-    try:
+    with pushdown(spark, True):
         rows = spark.read.format("nbcc").load(table.uri).where("k = 57").collect()
-    finally:
-        spark.conf.set(PUSHDOWN, previous)
     assert [r.asDict() for r in rows] == [{"k": 57, "v": "bb57", "ts": 2}]
 
 

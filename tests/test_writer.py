@@ -8,6 +8,7 @@ import os
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 import nbcc
 
@@ -160,11 +161,9 @@ def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypa
     data = pa.table({"id": np.arange(100, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)})
     table = nbcc.Table.create(str(tmp_path / "t"), data.schema, "id", ordering_field="ts", buckets=4)
     monkeypatch.setattr(nbcc.storage, "_fsync_path", failing)
-    try:
+    with pytest.raises(OSError) as failed:  # the files could not be made durable
         table.write(data)
-        raise AssertionError("the write succeeded although its files could not be made durable")
-    except OSError as exc:
-        assert exc.errno == errno.EIO
+    assert failed.value.errno == errno.EIO
     monkeypatch.undo()
     assert [(i.state, i.completion) for i in table.timeline()] == [("inflight", None)]
     assert table.read().num_rows == 0

@@ -40,7 +40,7 @@ def supported_type(t: pa.DataType) -> bool:
             or pa.types.is_date32(t) or pa.types.is_boolean(t))
 
 
-def _stat_value(value: Any) -> Any:
+def stat_value(value: Any) -> Any:
     """A filter value in the form statistics are recorded in (dates as ISO text)."""
     if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
         return value.isoformat()
@@ -110,15 +110,15 @@ class Predicate:
         v = self.value
         try:
             if self.op == "=":
-                return lo <= _stat_value(v) <= hi
+                return lo <= stat_value(v) <= hi
             if self.op == "<":
-                return lo < _stat_value(v)
+                return lo < stat_value(v)
             if self.op == "<=":
-                return lo <= _stat_value(v)
+                return lo <= stat_value(v)
             if self.op == ">":
-                return hi > _stat_value(v)
+                return hi > stat_value(v)
             if self.op == ">=":
-                return hi >= _stat_value(v)
+                return hi >= stat_value(v)
             if self.op == "in":  # the least value >= min: a lookup per file or row group, not a scan
                 values = self._sorted_in_values
                 at = bisect.bisect_left(values, lo)
@@ -133,7 +133,7 @@ class Predicate:
 
     @functools.cached_property
     def _sorted_in_values(self) -> list[Any]:
-        return sorted(_stat_value(x) for x in self.value if x is not None)
+        return sorted(stat_value(x) for x in self.value if x is not None)
 
     def pinned_values(self) -> tuple | None:
         """The only values the column may take for the predicate to hold, if it pins them."""

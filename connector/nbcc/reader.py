@@ -14,7 +14,6 @@ out piece by piece.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import math
 import os
 import tempfile
@@ -28,7 +27,7 @@ import pyarrow.parquet as pq
 from .buckets import java_list_hash
 from .config import TableConfig
 from .errors import DataFileError, StorageError
-from .expr import Predicate, conjunction
+from .expr import Predicate, conjunction, stat_value
 from .filenames import data_file_path
 from .merge import merge_records
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_FIELDS, file_schema
@@ -102,8 +101,6 @@ class _DataFile:
             raise _fail(self.storage, self.rel, exc) from exc
 
     def batches(self, columns: Sequence[str] | None = None, rows: int = _SPILL_BATCH_ROWS) -> Iterator[pa.Table]:
-        if self.row_groups == []:
-            return
         try:
             for batch in self.pf.iter_batches(batch_size=rows, row_groups=self.row_groups,
                                               columns=self._columns(columns)):
@@ -132,7 +129,7 @@ def _row_groups_to_read(metadata: pq.FileMetaData, predicates: Sequence[Predicat
 
 def _parquet_stats(group: pq.RowGroupMetaData, column: int | None) -> dict[str, Any] | None:
     """A row group's statistics of one column in the form of nbcc's file statistics
-    (`writer.update_stats`: dates as ISO text); None when the file has none for it."""
+    (`writer.update_stats`, `expr.stat_value`: dates as ISO text); None when the file has none."""
     if column is None:
         return None
     st = group.column(column).statistics
@@ -140,9 +137,7 @@ def _parquet_stats(group: pq.RowGroupMetaData, column: int | None) -> dict[str, 
         return None
     out: dict[str, Any] = {"nulls": st.null_count if st.has_null_count else None}
     if st.has_min_max:
-        lo, hi = st.min, st.max
-        if isinstance(lo, _dt.date) and not isinstance(lo, _dt.datetime):
-            lo, hi = lo.isoformat(), hi.isoformat()
+        lo, hi = stat_value(st.min), stat_value(st.max)
         if isinstance(lo, (int, str, bool)):  # types whose order predicates compare by
             out["min"], out["max"] = lo, hi
     return out
