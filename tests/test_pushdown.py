@@ -662,6 +662,36 @@ def test_python_filter_dates_as_iso_text(py_table):
     assert _arrow_rows(py_table.read(filter=[("d", ">=", "2026-11-05")])) == expected
 
 
+def test_python_filters_on_uint64_past_the_int64_range(tmp_path):
+    """Values >= 2**63 fit a uint64 column but not int64, which is what Arrow infers for a Python
+    int: every operator on a uint64 key and a uint64 data column, before and after compaction."""
+    big = 2**63
+    schema = pa.schema([pa.field("id", pa.uint64(), nullable=False), ("u", pa.uint64()), ("v", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "u64"), schema, "id", buckets=4)
+    ids = [1, 7, big - 1, big, big + 5, 2**64 - 1]
+    table.write(pa.table({"id": pa.array(ids, pa.uint64()), "u": pa.array([big + i for i in range(6)], pa.uint64()),
+                          "v": list(range(6))}, schema=schema))
+    table.write(pa.table({"id": pa.array([big + 5, 3], pa.uint64()), "u": pa.array([5, None], pa.uint64()),
+                          "v": [50, 30]}, schema=schema))
+    u64 = pa.uint64()
+    cases = [(("id", op, value), ref) for op, value, ref in [
+        ("=", big + 5, lambda f: f == pa.scalar(big + 5, u64)), ("!=", 1, lambda f: f != pa.scalar(1, u64)),
+        ("<", big, lambda f: f < pa.scalar(big, u64)), (">=", big, lambda f: f >= pa.scalar(big, u64)),
+        ("in", [2**64 - 1, 7], lambda f: f.isin(pa.array([2**64 - 1, 7], u64))),
+        ("not_in", [big, 1], lambda f: ~f.isin(pa.array([big, 1], u64)) & f.is_valid())]]
+    cases += [(("u", ">", big + 2), pc.field("u") > pa.scalar(big + 2, u64)),
+              (("u", "in", [5, big]), pc.field("u").isin(pa.array([5, big], u64)))]
+    cases = [(spec, ref if isinstance(ref, pc.Expression) else ref(pc.field("id"))) for spec, ref in cases]
+    for when in ("log files only", "after compaction"):
+        everything = table.read()
+        assert everything.num_rows == 7, when
+        for spec, ref in cases:
+            expected = _arrow_rows(everything.filter(ref))
+            assert expected, (when, spec)
+            assert _arrow_rows(table.read(filter=[spec])) == expected, (when, spec)
+        table.compact()
+
+
 def test_python_arrow_expression_filters(py_table):
     everything = py_table.read()
     for expr in [pc.field("x") > 30, (pc.field("i") > 3) & pc.field("s").is_valid(),

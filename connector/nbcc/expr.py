@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import datetime as dt
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
@@ -53,12 +53,19 @@ class Predicate:
     op: str
     value: Any = None  # a scalar, or a tuple for in / not_in
     negated: bool = False  # Not(...) of a comparison the stats cannot use
+    # The column's type: values become scalars of it. Left to inference, an int becomes int64,
+    # and Arrow then compares a uint64 column as int64 (values >= 2**63 fail the cast).
+    type: pa.DataType | None = dataclass_field(default=None, compare=False)
 
     # -- exact application -------------------------------------------------------------------
 
     def to_arrow(self) -> pc.Expression:
         f = pc.field(self.column)
         op, v = self.op, self.value
+        if self.type is not None and op in COMPARISONS:
+            v = pa.scalar(v, self.type)
+        elif self.type is not None and op in ("in", "not_in"):
+            v = tuple(pa.scalar(x, self.type) if x is not None else None for x in v)
         if op == "=":
             e = f == v
         elif op == "!=":
@@ -72,9 +79,9 @@ class Predicate:
         elif op == ">=":
             e = f >= v
         elif op == "in":  # SQL: a null in the list matches nothing
-            e = f.isin([x for x in v if x is not None])
+            e = f.isin(self._value_set([x for x in v if x is not None]))
         elif op == "not_in":  # SQL: x NOT IN (..., NULL) is never true
-            e = ~f.isin(list(v)) if None not in v else pc.scalar(False)
+            e = ~f.isin(self._value_set(list(v))) if None not in v else pc.scalar(False)
         elif op == "is_null":
             e = f.is_null()
         elif op == "is_not_null":
@@ -89,6 +96,9 @@ class Predicate:
             # SQL: x NOT IN (...) is null when x is null; keep nulls out.
             e = e & f.is_valid()
         return ~e if self.negated else e
+
+    def _value_set(self, values: list[Any]) -> Any:
+        return pa.array(values, self.type) if self.type is not None else values
 
     # -- pruning -----------------------------------------------------------------------------
 
@@ -225,7 +235,7 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
                 f"filter column {column!r} has type {field.type}; the tuple form supports integer, "
                 "string, date and boolean columns (use a pyarrow expression for others)"
             )
-        preds.append(Predicate(column, op, check_value(column, field, op, value)))
+        preds.append(Predicate(column, op, check_value(column, field, op, value), type=field.type))
     return tuple(preds), None
 
 

@@ -252,7 +252,7 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
             return None  # NOT (a <=> v) keeps nulls; != would drop them
         op = flipped[op]
     try:
-        return Predicate(column, op, check_value(column, field, op, value))
+        return Predicate(column, op, check_value(column, field, op, value), type=field.type)
     except InvalidOptionError:
         return None
 
