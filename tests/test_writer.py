@@ -167,3 +167,27 @@ def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypa
     monkeypatch.undo()
     assert [(i.state, i.completion) for i in table.timeline()] == [("inflight", None)]
     assert table.read().num_rows == 0
+
+
+def _write_in_forked_child(uri: str) -> None:
+    table = nbcc.Table.open(uri)
+    table.write(pa.table({"id": np.arange(100, 200, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)}))
+
+
+def test_a_forked_child_makes_its_files_durable_after_its_parent_did(tmp_path):
+    """The fsync threads are kept per process. Spark forks its Python workers, and a child has
+    none of its parent's threads: a pool inherited as it was would never run the child's fsyncs
+    and its write would hang."""
+    import multiprocessing
+
+    data = pa.table({"id": np.arange(100, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)})
+    uri = str(tmp_path / "t")
+    table = nbcc.Table.create(uri, data.schema, "id", ordering_field="ts", buckets=4)
+    table.write(data)  # the parent's fsync threads now exist
+    child = multiprocessing.get_context("fork").Process(target=_write_in_forked_child, args=(uri,))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+    assert table.read().num_rows == 200
