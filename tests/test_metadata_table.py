@@ -30,6 +30,7 @@ from nbcc.metadata_table import COLUMN_STATS, FILES, KEY_FILTERS, KINDS, open_me
 from nbcc.scan import oldest_readable
 from nbcc.timeline import DATA_ACTIONS, Timeline
 from nbcc.writer import prepare
+from test_pushdown import pushdown
 
 SCHEMA = pa.schema([("id", pa.int64()), ("part", pa.string()), ("ts", pa.int64()), ("a", pa.string()),
                     ("b", pa.int64())])
@@ -1027,9 +1028,7 @@ def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tm
     def spark_rows(df):
         return sorted((tuple(r) for r in df.collect()), key=repr)
 
-    previous = spark.conf.get("spark.sql.python.filterPushdown.enabled")
-    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
-    try:
+    with pushdown(spark, True):
         for where in (None, "id = 7", "id IN (3, 9, 1000)", "b >= 8000", "part = 'y'"):
             got = {}
             for use in ("true", "false"):
@@ -1049,5 +1048,3 @@ def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tm
         assert spark_rows(df.where("id = 77")) == rows(t.read(filter=[("id", "=", 77)], use_metadata_table=False))
         with pytest.raises(Exception, match="use_metadata_table.*true or false"):
             spark.read.format("nbcc").option("use_metadata_table", "sometimes").load(uri).collect()
-    finally:
-        spark.conf.set("spark.sql.python.filterPushdown.enabled", previous)
