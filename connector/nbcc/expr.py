@@ -64,8 +64,6 @@ class Predicate:
         op, v = self.op, self.value
         if self.type is not None and op in COMPARISONS:
             v = pa.scalar(v, self.type)
-        elif self.type is not None and op in ("in", "not_in"):
-            v = tuple(pa.scalar(x, self.type) if x is not None else None for x in v)
         if op == "=":
             e = f == v
         elif op == "!=":
