@@ -191,3 +191,26 @@ def test_a_forked_child_makes_its_files_durable_after_its_parent_did(tmp_path):
         child.kill()
     assert child.exitcode == 0
     assert table.read().num_rows == 200
+
+
+def test_a_write_from_an_atexit_handler_commits(tmp_path):
+    """At interpreter shutdown no new threads may start, so the fsyncs run one after another
+    there: a job that writes its last rows from an atexit handler still commits them."""
+    import subprocess
+    import sys
+    import textwrap
+
+    uri = str(tmp_path / "t")
+    script = textwrap.dedent("""
+        import atexit, sys
+        import numpy as np, pyarrow as pa, nbcc
+        data = pa.table({"id": np.arange(100, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)})
+        table = nbcc.Table.create(sys.argv[1], data.schema, "id", ordering_field="ts", buckets=4)
+        table.write(data)
+        atexit.register(lambda: table.write(data.set_column(0, "id", pa.array(np.arange(100, 200)))))
+    """)
+    done = subprocess.run([sys.executable, "-c", script, uri], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
+    table = nbcc.Table.open(uri)
+    assert [i.state for i in table.timeline()] == ["completed", "completed"]
+    assert sorted(table.read().column("id").to_pylist()) == list(range(200))

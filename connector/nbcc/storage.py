@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any, BinaryIO, Callable, Sequence, TypeVar
 
 import fsspec
@@ -371,7 +371,15 @@ class Storage:
         if len(paths) == 1:
             _fsync_path(paths[0])
             return
-        list(_sync_pool().map(_fsync_path, paths))
+        try:
+            futures = [_sync_pool().submit(_fsync_path, p) for p in paths]
+        except RuntimeError:  # interpreter shutting down (a write from an atexit handler): no new threads
+            for p in paths:
+                _fsync_path(p)
+            return
+        wait(futures)  # all of them, so that none still runs once this returns or raises
+        for f in futures:
+            f.result()
 
     def arrow_filesystem(self) -> pafs.FileSystem:
         """A pyarrow filesystem for reading Parquet: pyarrow's native one for local disk (fast,
