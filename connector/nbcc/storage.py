@@ -368,12 +368,13 @@ class Storage:
         if not self.is_local or not rels:
             return
         paths = [self.full_path(rel) for rel in rels]
-        if len(paths) == 1:
-            _fsync_path(paths[0])
-            return
-        try:
-            futures = [_sync_pool().submit(_fsync_path, p) for p in paths]
-        except RuntimeError:  # interpreter shutting down (a write from an atexit handler): no new threads
+        futures = None
+        if len(paths) > 1:
+            try:
+                futures = [_sync_pool().submit(_fsync_path, p) for p in paths]
+            except RuntimeError:  # interpreter shutting down (a write from an atexit handler): no new threads
+                pass
+        if futures is None:
             for p in paths:
                 _fsync_path(p)
             return
