@@ -45,6 +45,11 @@ class _RetryCount(logging.Handler):
             self.count += 1
 
 
+def writer_batches(rows: int, writer: int) -> list:
+    """The upserts of one writer: seeds of its own, so no two writers send the same batch."""
+    return [upsert_batch(rows, FRACTION, seed=100 + writer * 100 + c, ts=100 + c) for c in range(COMMITS)]
+
+
 def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
     import nbcc
 
@@ -53,8 +58,8 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
     logger.addHandler(retries)
     logger.setLevel(logging.DEBUG)
     table = nbcc.Table.open(uri)
-    batches = [upsert_batch(rows, FRACTION, seed=100 + writer * 100 + c, ts=100 + c) for c in range(COMMITS)]
-    warm_up(f"{uri}-warm-up-{writer}", batches[:WARM_UP_COMMITS])
+    batches = writer_batches(rows, writer)
+    warm_up(table, f"{uri}-warm-up-{writer}", batches[:WARM_UP_COMMITS])
     start.wait()
     failed = 0
     for b in batches:
@@ -68,11 +73,14 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
                  "lock_wait_ms": lock.total_wait_ms, "lock_hold_ms": lock.total_hold_ms})
 
 
-def warm_up(uri: str, batches: list) -> None:
+def warm_up(table, uri: str, batches: list) -> None:
+    """Write `batches` to a scratch table at `uri` made like `table`, then remove it."""
     import nbcc
 
+    c = table.config
     shutil.rmtree(uri, ignore_errors=True)
-    scratch = nbcc.Table.create(uri, batches[0].schema, "id", ordering_field="ts", buckets=16)
+    scratch = nbcc.Table.create(uri, c.schema, c.record_key, ordering_field=c.ordering_field,
+                                partition_by=c.partition_by, buckets=c.buckets, merge_mode=c.merge_mode)
     for b in batches:
         scratch.write(b)
     shutil.rmtree(uri, ignore_errors=True)
@@ -81,7 +89,7 @@ def warm_up(uri: str, batches: list) -> None:
 def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
     import deltalake
 
-    batches = [upsert_batch(rows, FRACTION, seed=100 + writer * 100 + c, ts=100 + c) for c in range(COMMITS)]
+    batches = writer_batches(rows, writer)
     start.wait()
     failed = 0
     for b in batches:
