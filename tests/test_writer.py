@@ -150,6 +150,10 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
         assert events.index(("fsync", path)) < events.index(("commit", parsed.instant)), path
 
 
+def _id_rows(start: int, stop: int) -> pa.Table:
+    return pa.table({"id": np.arange(start, stop, dtype=np.int64), "ts": np.ones(stop - start, dtype=np.int64)})
+
+
 def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypatch):
     import errno
 
@@ -158,7 +162,7 @@ def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypa
     def failing(path):
         raise OSError(errno.EIO, "injected: the disk could not write the file", path)
 
-    data = pa.table({"id": np.arange(100, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)})
+    data = _id_rows(0, 100)
     table = nbcc.Table.create(str(tmp_path / "t"), data.schema, "id", ordering_field="ts", buckets=4)
     monkeypatch.setattr(nbcc.storage, "_fsync_path", failing)
     with pytest.raises(OSError) as failed:  # the files could not be made durable
@@ -170,8 +174,7 @@ def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypa
 
 
 def _write_in_forked_child(uri: str) -> None:
-    table = nbcc.Table.open(uri)
-    table.write(pa.table({"id": np.arange(100, 200, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)}))
+    nbcc.Table.open(uri).write(_id_rows(100, 200))
 
 
 def test_a_forked_child_makes_its_files_durable_after_its_parent_did(tmp_path):
@@ -180,7 +183,7 @@ def test_a_forked_child_makes_its_files_durable_after_its_parent_did(tmp_path):
     and its write would hang."""
     import multiprocessing
 
-    data = pa.table({"id": np.arange(100, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)})
+    data = _id_rows(0, 100)
     uri = str(tmp_path / "t")
     table = nbcc.Table.create(uri, data.schema, "id", ordering_field="ts", buckets=4)
     table.write(data)  # the parent's fsync threads now exist
