@@ -241,8 +241,8 @@ def test_snapshot_matches_reference_after_every_commit(case: Case, tmp_path, mem
         rows = _upsert_rows(case, rng, commit, with_flag)
         data = _table_of(rows, schema, [pa.field(DELETED, pa.bool_())] if with_flag else [])
         if case.max_log_file_bytes:
-            # Small batches (as Spark hands them over), so that a commit's rows roll over to
-            # several versions of one file group and a repeated key can span versions.
+            # A stream of small batches (as Spark hands them over), which rolls over to several
+            # versions of one file group, so that a repeated key can span versions.
             data = pa.RecordBatchReader.from_batches(data.schema, data.to_batches(max_chunksize=8))
         instants.append(table.write(data, max_log_file_bytes=case.max_log_file_bytes))
         for row in rows:

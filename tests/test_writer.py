@@ -1,5 +1,6 @@
 """Log files as written: which columns Parquet dictionary- or delta-encodes (writer.column_encodings),
-the meta columns each row gets, and that every data file is durable before a commit names it."""
+the meta columns each row gets, that small incoming batches are written in bigger pieces, and that
+every data file is durable before a commit names it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import nbcc
+from nbcc.writer import coalesced
 
 
 def _encodings(path: str) -> dict[str, set[str]]:
@@ -152,6 +154,38 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
 
 def _id_rows(start: int, stop: int) -> pa.Table:
     return pa.table({"id": np.arange(start, stop, dtype=np.int64), "ts": np.ones(stop - start, dtype=np.int64)})
+
+
+def test_small_batches_are_regrouped_in_order_without_losing_rows():
+    sizes = [700, 0, 300, 999, 1, 0, 2500, 40, 0]
+    rows = _id_rows(0, sum(sizes))
+    batches, start = [], 0
+    for size in sizes:
+        batches.append(rows.slice(start, size).combine_chunks().to_batches()[0] if size else
+                       pa.RecordBatch.from_pylist([], schema=rows.schema))
+        start += size
+    pieces = list(coalesced(iter(batches), rows=1000))
+    # A piece ends with the batch that brings it to 1000 rows; the last holds what is left.
+    assert [p.num_rows for p in pieces] == [700 + 300, 999 + 1, 2500, 40]
+    assert pa.concat_tables(pieces).combine_chunks().equals(rows.combine_chunks())
+    assert all(c.num_rows for p in pieces for c in p.to_batches())  # empty batches dropped
+    assert list(coalesced(iter([]))) == []
+
+
+def test_a_stream_of_small_batches_writes_the_same_table_as_one_big_write(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("v", pa.string())])
+    n = 30_000
+    ids = np.arange(n, dtype=np.int64) % 10_000  # every key three times in one write
+    data = pa.table({"id": ids, "ts": np.arange(n, dtype=np.int64), "v": [f"v{i}" for i in range(n)]},
+                    schema=schema)
+    whole = nbcc.Table.create(str(tmp_path / "whole"), schema, "id", ordering_field="ts", buckets=4)
+    whole.write(data)
+    streamed = nbcc.Table.create(str(tmp_path / "streamed"), schema, "id", ordering_field="ts", buckets=4)
+    streamed.write(pa.RecordBatchReader.from_batches(schema, data.to_batches(max_chunksize=777)))
+    got = streamed.read().sort_by("id")
+    assert got.equals(whole.read().sort_by("id"))
+    assert got.column("v").to_pylist() == [f"v{i}" for i in range(20_000, 30_000)]  # the latest ts wins
+    assert len(list((tmp_path / "streamed").glob("*.log.*"))) == 4  # one log file per bucket
 
 
 def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypatch):

@@ -44,7 +44,7 @@ from .scan import (
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
-from .writer import LogWriter, check_values, prepare
+from .writer import LogWriter, check_values, coalesced, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
 
@@ -175,9 +175,8 @@ class Table:
         writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
         with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):  # alive until committed
             try:
-                for batch in batches:
-                    if batch.num_rows:
-                        writer.write(prepare(batch, self.config, txn.schema, operation))
+                for rows in coalesced(batches):
+                    writer.write(prepare(rows, self.config, txn.schema, operation))
                 files = writer.close()
             except BaseException:
                 writer.abort()  # no half-written file may surface later (S3 uploads on close)

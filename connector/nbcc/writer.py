@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -29,6 +29,9 @@ from .storage import Storage
 ROW_GROUP_ROWS = 256 * 1024
 ROW_GROUP_BYTES = 64 * 1024 * 1024
 COMPRESSION = "snappy"  # as Spark's own Parquet writer: faster to write and read than zstd
+# Rows checked, hashed and split at a time: per-call costs dominate below about 64k rows
+# (Table.write of 1M rows in 10k-row batches: 0.29 CPU-s; in 64k-row batches: 0.21).
+COALESCE_ROWS = 128 * 1024
 
 
 _SAMPLE_ROWS = 16 * 1024
@@ -195,6 +198,22 @@ def update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Seq
             cur["max"] = hi if cur["max"] is None else max(cur["max"], hi)
 
 
+def coalesced(batches: Iterable[pa.RecordBatch], rows: int = COALESCE_ROWS) -> Iterator[pa.Table]:
+    """`batches` regrouped in tables of about `rows` rows (no copy); empty batches are dropped.
+    Spark hands over 10k-row batches (spark.sql.execution.arrow.maxRecordsPerBatch)."""
+    pending: list[pa.RecordBatch] = []
+    count = 0
+    for batch in batches:
+        if batch.num_rows:
+            pending.append(batch)
+            count += batch.num_rows
+        if count >= rows:
+            yield pa.Table.from_batches(pending)
+            pending, count = [], 0
+    if pending:
+        yield pa.Table.from_batches(pending)
+
+
 @dataclass
 class _OpenLog:
     partition: str
@@ -235,6 +254,8 @@ class LogWriter:
         """Append rows as `prepare` returns them; `_flush` adds this instant's commit time."""
         if self.on_progress is not None:
             self.on_progress()
+        # One estimate per call: `nbytes` of a slice costs about 14 us, paid per bucket and piece.
+        row_bytes = rows.nbytes / max(rows.num_rows, 1)
         for partition, bucket, group in split_rows(rows, self.config.partition_by, self.config.record_key,
                                                    self.config.buckets):
             log = self._open.get((partition, bucket))
@@ -242,12 +263,12 @@ class LogWriter:
                 log = self._open[(partition, bucket)] = _OpenLog(partition, file_group_id(bucket), 1)
             # Append in pieces of at most one row group, so that rollover is checked often
             # enough for a file to stay within max_log_file_bytes (give or take a row group).
-            step = max(1, min(ROW_GROUP_ROWS, group.num_rows * self.row_group_bytes // max(group.nbytes, 1)))
+            step = max(1, min(ROW_GROUP_ROWS, int(self.row_group_bytes // max(row_bytes, 1))))
             for start in range(0, group.num_rows, step):
                 piece = group.slice(start, step)
                 log.pending.append(piece)
                 log.pending_rows += piece.num_rows
-                log.pending_bytes += piece.nbytes
+                log.pending_bytes += int(piece.num_rows * row_bytes)
                 if log.pending_rows >= ROW_GROUP_ROWS or log.pending_bytes >= self.row_group_bytes:
                     self._flush(log)
 

@@ -59,7 +59,7 @@ from nbcc.scan import (
     iter_task,
 )
 from nbcc.storage import Storage
-from nbcc.writer import LogWriter, prepare
+from nbcc.writer import LogWriter, coalesced, prepare
 
 log = logging.getLogger(__name__)
 
@@ -265,9 +265,6 @@ class NbccCommitMessage(WriterCommitMessage):
     partitions: list[str] = field(default_factory=list)
 
 
-COALESCE_ROWS = 128 * 1024
-
-
 class NbccWriter(DataSourceArrowWriter):
     def __init__(self, storage: Storage, config: TableConfig, txn: WriteTransaction,
                  max_log_file_bytes: int | None, compaction_trigger: tuple[int | None, bool] = (None, False)):
@@ -285,29 +282,14 @@ class NbccWriter(DataSourceArrowWriter):
         beat = Throttled(self.storage, self.txn.instant, interval_s(self.config.heartbeat_timeout_s))
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
                            self.max_log_file_bytes, on_progress=beat)
-        # Spark hands over small batches (spark.sql.execution.arrow.maxRecordsPerBatch, 10k rows by
-        # default); checking, hashing and splitting them in bigger pieces costs far less per row.
-        pending: list[pa.RecordBatch] = []
-        rows = 0
         try:
-            for batch in iterator:
-                if batch.num_rows:
-                    pending.append(batch)
-                    rows += batch.num_rows
-                if rows >= COALESCE_ROWS:
-                    self._write(writer, pending)
-                    pending, rows = [], 0
-            self._write(writer, pending)
+            for rows in coalesced(iterator):
+                writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation))
             files = writer.close()
         except BaseException:
             writer.abort()  # no half-written file may surface later (S3 uploads on close)
             raise
         return NbccCommitMessage(files=files, partitions=sorted({f["partition"] for f in files}))
-
-    def _write(self, writer: LogWriter, batches: list[pa.RecordBatch]) -> None:
-        if batches:
-            rows = pa.Table.from_batches(batches)
-            writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation))
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         self.txn.commit([f for m in messages if m is not None for f in m.files])

@@ -59,9 +59,9 @@ from nbcc.stream import (
     plan_range,
     write_template,
 )
-from nbcc.writer import LogWriter, prepare
+from nbcc.writer import LogWriter, coalesced, prepare
 
-from .source import COALESCE_ROWS, NbccReader, TaskPartition, _spark_schema, _table_uri
+from .source import NbccReader, TaskPartition, _spark_schema, _table_uri
 
 log = logging.getLogger(__name__)
 
@@ -92,22 +92,6 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     table = Table.open_or_create(uri, arrow_schema, storage_options, **parsed)
     template = write_template(table, arrow_schema, operation, overwrite)
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
-
-
-def _coalesced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.Table]:
-    """Spark's small Arrow batches in pieces of about COALESCE_ROWS rows (checking, hashing and
-    splitting rows costs far less per row in bigger pieces); empty batches are dropped."""
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in batches:
-        if batch.num_rows:
-            pending.append(batch)
-            rows += batch.num_rows
-        if rows >= COALESCE_ROWS:
-            yield pa.Table.from_batches(pending)
-            pending, rows = [], 0
-    if pending:
-        yield pa.Table.from_batches(pending)
 
 
 class NbccStreamWriter(DataSourceStreamArrowWriter):
@@ -141,7 +125,7 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
         token = make_token(ctx.partitionId(), random.randrange(2**31), ctx.attemptNumber())
         txn, claim, writer = self.template, None, None
         try:
-            for rows in _coalesced(iterator):
+            for rows in coalesced(iterator):
                 if claim is None:
                     claim = claim_batch(self.storage, txn.clock, stream_id, int(batch_id), txn.action,
                                         {"operation": txn.operation}, query_id)
