@@ -121,11 +121,11 @@ class FaultyStorage(Storage):
     def __reduce__(self):
         return (FaultyStorage, (self.uri, self.storage_options, self.faults))
 
-    def _put_once(self, path: str, data: bytes) -> bool:
-        return self.faults.run("put", path, lambda: Storage._put_once(self, path, data))
+    def _put_once(self, path: str, data: bytes, durable: bool = True) -> bool:
+        return self.faults.run("put", path, lambda: Storage._put_once(self, path, data, durable))
 
-    def _replace_once(self, path: str, data: bytes) -> None:
-        return self.faults.run("replace", path, lambda: Storage._replace_once(self, path, data))
+    def _replace_once(self, path: str, data: bytes, durable: bool = True) -> None:
+        return self.faults.run("replace", path, lambda: Storage._replace_once(self, path, data, durable))
 
     def _read_once(self, path: str) -> bytes:
         return self.faults.run("read", path, lambda: Storage._read_once(self, path))

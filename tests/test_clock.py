@@ -155,8 +155,8 @@ class _SlowFirstPut(Storage):
 
     delay_s = 0.0
 
-    def put_if_absent(self, rel: str, data: bytes) -> bool:
-        created = super().put_if_absent(rel, data)
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
+        created = super().put_if_absent(rel, data, durable)
         if self.delay_s:
             time.sleep(self.delay_s)
             self.delay_s = 0.0

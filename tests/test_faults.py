@@ -345,12 +345,12 @@ class _Interleaved(FaultyStorage):
 
     between: Any = None
 
-    def _put_once(self, path: str, data: bytes) -> bool:
+    def _put_once(self, path: str, data: bytes, durable: bool = True) -> bool:
         if "/.nbcc/lock/" in path and self.between is not None:
             between, self.between = self.between, None
             between()
             raise TimeoutError("injected fault: the reply was lost")
-        return super()._put_once(path, data)
+        return super()._put_once(path, data, durable)
 
 
 def test_two_writers_that_compute_the_same_lock_state_never_both_get_a_time(memory_uri, monkeypatch):

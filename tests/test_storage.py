@@ -39,6 +39,44 @@ def test_put_if_absent_creates_once_and_keeps_the_first_content(storage):
     assert sorted(storage.list_names(".nbcc/timeline")) == ["a.json", "b.json"]
 
 
+def test_a_local_put_or_replace_returns_once_its_bytes_and_its_name_are_on_disk(tmp_path, monkeypatch):
+    # A power failure after a commit's put returned must not lose the commit: the file's bytes
+    # are fsynced before the name appears, and its directory (which holds the name) after.
+    events: list[tuple[str, str]] = []
+    real_fsync, real_link, real_replace = os.fsync, os.link, os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def link(src, dst):
+        events.append(("name", dst))
+        real_link(src, dst)
+
+    def replace(src, dst):
+        events.append(("name", dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "link", link)
+    monkeypatch.setattr(os, "replace", replace)
+    store = Storage(str(tmp_path))
+    for put in (lambda: store.put_if_absent(".nbcc/timeline/x.json", b"{}"),
+                lambda: store.replace(".nbcc/config.json", b"{}")):
+        events.clear()
+        put()
+        [(_, tmp), (_, final), (_, folder)] = events
+        assert (os.path.dirname(tmp), folder) == (os.path.dirname(final), os.path.dirname(final))
+        assert os.path.basename(tmp).startswith(".") and final.endswith(".json") and events[1][0] == "name"
+    # Lock releases and heartbeats skip the fsyncs that only a crashed writer could miss.
+    events.clear()
+    store.put_if_absent(".nbcc/lock/1.json", b"{}", durable=False)
+    assert [kind for kind, _ in events] == ["fsync", "name"]
+    events.clear()
+    store.replace(".nbcc/heartbeats/1.json", b"{}", durable=False)
+    assert [kind for kind, _ in events] == ["name"]
+
+
 def test_put_if_absent_refuses_empty_content(storage):
     with pytest.raises(StorageError, match="empty"):
         storage.put_if_absent("x/empty", b"")

@@ -120,7 +120,8 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
     sizes: dict[str, int] = {}
 
     def fsync(path):
-        sizes[path] = os.path.getsize(path)  # synced once every byte was written
+        if os.path.isfile(path):
+            sizes[path] = os.path.getsize(path)  # synced once every byte was written
         events.append(("fsync", path))
         real_fsync(path)
     monkeypatch.setattr(nbcc.storage, "_fsync_path", fsync)
@@ -145,11 +146,15 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
     files = {str(p): parse_data_file(p.name) for p in root.iterdir() if p.is_file()}
     kinds = [type(f).__name__ for f in files.values()]
     assert kinds.count("BaseFile") == 3 and kinds.count("LogFile") > 3, "expected rolled-over log files"
-    synced = [path for kind, path in events if kind == "fsync"]
+    synced = [path for kind, path in events if kind == "fsync" and os.path.isfile(path)]
     assert sorted(synced) == sorted(files)
     assert sizes == {path: os.path.getsize(path) for path in files}
     for path, parsed in files.items():  # each before the commit (or compaction) that publishes it
         assert events.index(("fsync", path)) < events.index(("commit", parsed.instant)), path
+        # and then its directory, which makes its name durable
+        dir_syncs = [i for i, e in enumerate(events) if e == ("fsync", str(root))]
+        assert any(events.index(("fsync", path)) < i < events.index(("commit", parsed.instant))
+                   for i in dir_syncs), path
 
 
 def _id_rows(start: int, stop: int) -> pa.Table:
@@ -193,7 +198,11 @@ def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypa
 
     import nbcc.storage
 
+    real = nbcc.storage._fsync_path
+
     def failing(path):
+        if os.path.isdir(path):  # the timeline's own puts go through
+            return real(path)
         raise OSError(errno.EIO, "injected: the disk could not write the file", path)
 
     data = _id_rows(0, 100)
