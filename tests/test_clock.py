@@ -163,6 +163,26 @@ class _SlowFirstPut(Storage):
         return created
 
 
+class _RecordingPuts(Storage):
+    durability: list[tuple[str, bool]] = []
+
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
+        self.durability.append((json.loads(data).get("holder") is not None, durable))
+        return super().put_if_absent(rel, data, durable)
+
+
+def test_every_lock_state_that_issues_a_time_is_durable_and_releases_need_not_be(memory_uri):
+    # A state that issued a time must survive a power failure, or the clock could issue it
+    # again; a lost release only leaves a lock whose lease runs out.
+    store = _RecordingPuts(memory_uri)
+    store.durability = []
+    gen = TimeGenerator(store)
+    gen.new_instant()
+    with gen.locked():
+        pass
+    assert store.durability == [(False, True), (True, True), (False, False)]
+
+
 def test_lock_grant_check_counts_the_time_spent_taking_the_lock(memory_uri):
     # The lease starts when the lock state is written, not when the caller gets the grant back.
     # If taking the lock took longer than the lease, another writer may already hold it, and

@@ -112,6 +112,20 @@ def heartbeat_path(uri: str, instant: str) -> Path:
     return Path(uri) / ".nbcc" / "heartbeats" / f"{instant}.json"
 
 
+def test_a_heartbeat_lost_or_left_unreadable_by_a_power_failure_reads_as_no_beat(tmp_path):
+    # Heartbeats are not fsynced (storage.replace durable=False): after a power failure one can
+    # be missing, empty or garbled, and then its writer is dead, which "no beat" says.
+    from nbcc import heartbeat
+
+    store = Storage(str(tmp_path))
+    heartbeat.beat(store, "20261125100000000")
+    assert heartbeat.last_beat_ms(store, "20261125100000000") is not None
+    for content in (b"", b"\0\0\0\0", b"123", b"[1]", b'{"ms": "x"}'):
+        (tmp_path / ".nbcc" / "heartbeats" / "20261125100000000.json").write_bytes(content)
+        assert heartbeat.last_beat_ms(store, "20261125100000000") is None, content
+    assert heartbeat.last_beat_ms(store, "20261125100000001") is None
+
+
 def roll_back_dead(table: nbcc.Table, instant: str, with_clean: bool) -> None:
     """Roll the dead writer back with a short heartbeat timeout (it is dead: any timeout is
     safe), by the cleaner or by the lazy rollback; waits (bounded) for its beat to go stale."""

@@ -39,9 +39,8 @@ def test_put_if_absent_creates_once_and_keeps_the_first_content(storage):
     assert sorted(storage.list_names(".nbcc/timeline")) == ["a.json", "b.json"]
 
 
-def test_a_local_put_or_replace_returns_once_its_bytes_and_its_name_are_on_disk(tmp_path, monkeypatch):
-    # A power failure after a commit's put returned must not lose the commit: the file's bytes
-    # are fsynced before the name appears, and its directory (which holds the name) after.
+def _record_syncs_and_names(monkeypatch) -> list[tuple[str, str]]:
+    """Every fsync (of the path behind the descriptor) and every new name, in order."""
     events: list[tuple[str, str]] = []
     real_fsync, real_link, real_replace = os.fsync, os.link, os.replace
 
@@ -60,6 +59,18 @@ def test_a_local_put_or_replace_returns_once_its_bytes_and_its_name_are_on_disk(
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "link", link)
     monkeypatch.setattr(os, "replace", replace)
+    return events
+
+
+linux_only = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads descriptors' paths from /proc")
+
+
+@linux_only
+def test_a_local_put_or_replace_returns_once_its_bytes_and_its_name_are_on_disk(tmp_path, monkeypatch):
+    # A power failure after a commit's put returned must not lose the commit: the file's bytes
+    # are fsynced before the name appears, and its folder (which holds the name) after.
+    (tmp_path / ".nbcc" / "timeline").mkdir(parents=True)
+    events = _record_syncs_and_names(monkeypatch)
     store = Storage(str(tmp_path))
     for put in (lambda: store.put_if_absent(".nbcc/timeline/x.json", b"{}"),
                 lambda: store.replace(".nbcc/config.json", b"{}")):
@@ -69,12 +80,48 @@ def test_a_local_put_or_replace_returns_once_its_bytes_and_its_name_are_on_disk(
         assert (os.path.dirname(tmp), folder) == (os.path.dirname(final), os.path.dirname(final))
         assert os.path.basename(tmp).startswith(".") and final.endswith(".json") and events[1][0] == "name"
     # Lock releases and heartbeats skip the fsyncs that only a crashed writer could miss.
+    (tmp_path / ".nbcc" / "lock").mkdir()
+    (tmp_path / ".nbcc" / "heartbeats").mkdir()
     events.clear()
     store.put_if_absent(".nbcc/lock/1.json", b"{}", durable=False)
     assert [kind for kind, _ in events] == ["fsync", "name"]
     events.clear()
     store.replace(".nbcc/heartbeats/1.json", b"{}", durable=False)
     assert [kind for kind, _ in events] == ["name"]
+
+
+@linux_only
+def test_folders_a_write_creates_are_made_durable_in_their_parents(tmp_path, monkeypatch):
+    # The first file of a new partition (or of a new table) is only durable once every new
+    # folder on its path is an entry its parent has fsynced.
+    events = _record_syncs_and_names(monkeypatch)
+    store = Storage(str(tmp_path / "t"))
+    with store.open_write("region=eu/day=1/f.parquet") as f:
+        f.write(b"data")
+    synced = [path for kind, path in events if kind == "fsync"]
+    for parent in (tmp_path, tmp_path / "t", tmp_path / "t" / "region=eu"):
+        assert str(parent) in synced, synced
+    events.clear()
+    store.put_if_absent(".nbcc/lock/1.json", b"{}", durable=False)  # new folders even so
+    synced = [path for kind, path in events if kind == "fsync"]
+    assert str(tmp_path / "t") in synced and str(tmp_path / "t" / ".nbcc") in synced, synced
+
+
+def test_a_put_whose_folder_cannot_be_synced_says_it_created_the_file(tmp_path, monkeypatch):
+    import nbcc.storage
+
+    store = Storage(str(tmp_path))
+    store.put_if_absent(".nbcc/timeline/a.json", b"{}")  # the folders exist
+    calls = []
+
+    def failing(path):
+        calls.append(path)
+        raise OSError(errno.EIO, "injected: the disk could not write", path)
+    monkeypatch.setattr(nbcc.storage, "_fsync_path", failing)
+    with pytest.raises(StorageError, match=r"created .*b\.json, but could not make its name durable"):
+        store.put_if_absent(".nbcc/timeline/b.json", b"{}")
+    assert len(calls) == 1  # not retried: the file exists, and fsync again proves nothing
+    assert store.read_bytes(".nbcc/timeline/b.json") == b"{}"
 
 
 def test_put_if_absent_refuses_empty_content(storage):

@@ -39,7 +39,7 @@ def beat(storage: Storage, instant: str) -> None:
 def last_beat_ms(storage: Storage, instant: str) -> int | None:
     try:
         return int(json.loads(storage.read_bytes(f"{HEARTBEAT_DIR}/{instant}.json"))["ms"])
-    except (FileNotFoundError, ValueError, KeyError):
+    except (FileNotFoundError, ValueError, KeyError, TypeError):  # unreadable counts as none (format.md 14.1)
         return None
 
 

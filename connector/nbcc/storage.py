@@ -218,9 +218,12 @@ class Storage:
             # writer's file would let two writers each think they won. The content decides: it
             # is unique to its writer.
             try:
-                return self._read_once(path) == data
+                own = self._read_once(path) == data
             except FileNotFoundError:
                 raise _TakenThenFreed(path) from None  # deleted since: the name is free again
+            if own and durable and self.is_local:
+                _fsync_created(path)  # the earlier attempt may have failed before doing so
+            return own
 
         return self._retry("put-if-absent", path, attempt, retry_on=_retryable,
                            outcome=lambda: "; an attempt may have created the file" if uncertain else "")
@@ -245,7 +248,7 @@ class Storage:
     @staticmethod
     def _local_put_if_absent(path: str, data: bytes, durable: bool = True) -> bool:
         parent = os.path.dirname(path)
-        os.makedirs(parent, exist_ok=True)
+        _make_folders(parent)
         tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
         try:
             with open(tmp, "wb") as f:
@@ -266,8 +269,7 @@ class Storage:
                 pass
         if durable:
             # The name, too: a new directory entry is durable only once its directory is fsynced.
-            # (If this fails the name exists anyway, as after a lost reply: the caller cannot know.)
-            _fsync_dir(parent)
+            _fsync_created(path)
         return True
 
     def replace(self, rel: str, data: bytes, durable: bool = True) -> None:
@@ -282,7 +284,7 @@ class Storage:
     def _replace_once(self, path: str, data: bytes, durable: bool = True) -> None:
         if self.is_local:
             parent = os.path.dirname(path)
-            os.makedirs(parent, exist_ok=True)
+            _make_folders(parent)
             tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
             try:
                 with open(tmp, "wb") as f:
@@ -300,7 +302,7 @@ class Storage:
                     pass
                 raise
             if durable:
-                _fsync_dir(parent)
+                _fsync_created(path)
             return
         self.fs.pipe_file(path, data)
         self.fs.invalidate_cache(path.rsplit("/", 1)[0])
@@ -372,7 +374,7 @@ class Storage:
 
     def _open_write_once(self, path: str) -> BinaryIO:
         if self.is_local:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
+            _make_folders(os.path.dirname(path))
             return open(path, "wb")
         return self.fs.open(path, "wb")
 
@@ -582,6 +584,35 @@ _DIRECTORY_FSYNC = os.name != "nt"
 def _fsync_dir(path: str) -> None:
     if _DIRECTORY_FSYNC:
         _fsync_path(path)
+
+
+def _make_folders(folder: str) -> None:
+    """`os.makedirs`, and each folder it creates made durable in its parent: a file's name is
+    durable only when every folder on its path is (a new partition's first data files, a new
+    table's first instant)."""
+    missing = []
+    at = folder
+    while at and not os.path.isdir(at):
+        missing.append(at)
+        parent = os.path.dirname(at)
+        if parent == at:
+            break
+        at = parent
+    if not missing:
+        return
+    os.makedirs(folder, exist_ok=True)
+    for created in reversed(missing):  # another process may have made some: syncing again is harmless
+        _fsync_dir(os.path.dirname(created))
+
+
+def _fsync_created(path: str) -> None:
+    """fsync the folder of a file that was just created. The file exists whatever happens here,
+    so a failure is not one that asking again could fix: it says so, and is never retried."""
+    try:
+        _fsync_dir(os.path.dirname(path))
+    except OSError as exc:
+        raise StorageError(f"created {path}, but could not make its name durable (fsync of its "
+                           f"folder failed: {exc}); check the disk") from exc
 
 
 def is_not_found(exc: BaseException) -> bool:
