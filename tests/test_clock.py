@@ -164,7 +164,11 @@ class _SlowFirstPut(Storage):
 
 
 class _RecordingPuts(Storage):
-    durability: list[tuple[str, bool]] = []
+    """Records (the state has a holder, the put is durable) for every lock state put."""
+
+    def __init__(self, uri: str):
+        super().__init__(uri)
+        self.durability: list[tuple[bool, bool]] = []
 
     def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
         self.durability.append((json.loads(data).get("holder") is not None, durable))
@@ -175,7 +179,6 @@ def test_every_lock_state_that_issues_a_time_is_durable_and_releases_need_not_be
     # A state that issued a time must survive a power failure, or the clock could issue it
     # again; a lost release only leaves a lock whose lease runs out.
     store = _RecordingPuts(memory_uri)
-    store.durability = []
     gen = TimeGenerator(store)
     gen.new_instant()
     with gen.locked():

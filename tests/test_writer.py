@@ -149,10 +149,10 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
     synced = [path for kind, path in events if kind == "fsync" and os.path.isfile(path)]
     assert sorted(synced) == sorted(files)
     assert sizes == {path: os.path.getsize(path) for path in files}
+    dir_syncs = [i for i, e in enumerate(events) if e == ("fsync", str(root))]
     for path, parsed in files.items():  # each before the commit (or compaction) that publishes it
         assert events.index(("fsync", path)) < events.index(("commit", parsed.instant)), path
         # and then its directory, which makes its name durable
-        dir_syncs = [i for i, e in enumerate(events) if e == ("fsync", str(root))]
         assert any(events.index(("fsync", path)) < i < events.index(("commit", parsed.instant))
                    for i in dir_syncs), path
 

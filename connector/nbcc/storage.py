@@ -247,14 +247,10 @@ class Storage:
 
     @staticmethod
     def _local_put_if_absent(path: str, data: bytes, durable: bool = True) -> bool:
-        parent = os.path.dirname(path)
-        _make_folders(parent)
-        tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+        # The bytes are fsynced even when the name need not be durable: a name that survives a
+        # power failure must never come back on an empty file.
+        tmp = _temporary_file(path, data, sync=True)
         try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
             os.link(tmp, path)
         except FileExistsError:
             return False
@@ -263,12 +259,8 @@ class Storage:
                 return False
             raise
         finally:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:  # its write failed before creating it
-                pass
+            _unlink_if_there(tmp)
         if durable:
-            # The name, too: a new directory entry is durable only once its directory is fsynced.
             _fsync_created(path)
         return True
 
@@ -283,23 +275,13 @@ class Storage:
 
     def _replace_once(self, path: str, data: bytes, durable: bool = True) -> None:
         if self.is_local:
-            parent = os.path.dirname(path)
-            _make_folders(parent)
-            tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+            # Unsynced bytes could come back as an empty file under the new name (the rename
+            # can reach the disk before the delayed data).
+            tmp = _temporary_file(path, data, sync=durable)
             try:
-                with open(tmp, "wb") as f:
-                    f.write(data)
-                    if durable:
-                        # Else a power failure can leave the new name on an empty file (the
-                        # rename can reach the disk before the delayed data).
-                        f.flush()
-                        os.fsync(f.fileno())
                 os.replace(tmp, path)
             except BaseException:
-                try:
-                    os.unlink(tmp)
-                except FileNotFoundError:
-                    pass
+                _unlink_if_there(tmp)
                 raise
             if durable:
                 _fsync_created(path)
@@ -605,8 +587,34 @@ def _make_folders(folder: str) -> None:
         _fsync_dir(os.path.dirname(created))
 
 
+def _unlink_if_there(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _temporary_file(path: str, data: bytes, sync: bool) -> str:
+    """A hidden file holding `data` in `path`'s folder (made if missing), fsynced if `sync`:
+    the content that a link or rename then gives `path` whole."""
+    parent = os.path.dirname(path)
+    _make_folders(parent)
+    tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            if sync:
+                f.flush()
+                os.fsync(f.fileno())
+    except BaseException:
+        _unlink_if_there(tmp)
+        raise
+    return tmp
+
+
 def _fsync_created(path: str) -> None:
-    """fsync the folder of a file that was just created. The file exists whatever happens here,
+    """fsync the folder of a file that was just created or renamed into place, so that its
+    name survives a power failure. The file exists whatever happens here,
     so a failure is not one that asking again could fix: it says so, and is never retried."""
     try:
         _fsync_dir(os.path.dirname(path))

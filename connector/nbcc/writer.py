@@ -200,7 +200,8 @@ def update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Seq
 
 def coalesced(batches: Iterable[pa.RecordBatch], rows: int = COALESCE_ROWS) -> Iterator[pa.Table]:
     """`batches` regrouped in tables of about `rows` rows (no copy); empty batches are dropped.
-    Spark hands over 10k-row batches (spark.sql.execution.arrow.maxRecordsPerBatch)."""
+    Spark hands over batches of spark.sql.execution.arrow.maxRecordsPerBatch rows (10k by
+    default), a Parquet reader one batch per row group."""
     pending: list[pa.RecordBatch] = []
     count = 0
     for batch in batches:
