@@ -1,7 +1,7 @@
 """nbcc benchmarks: measured side by side with Spark's Parquet source, delta-rs and the hardware.
 
     python bench/run.py [--rows 2000000] [--repeats 5] [--only 1,2,...] [--commits 2000]
-                        [--slice-rows 10000000]
+                        [--slice-rows 10000000] [--scale-rows 20000000]
 
 Writes bench/results.json and bench/results.md. Each figure is the median of `--repeats` runs after
 a warm-up; each comparison is a ratio measured in the same run, its two sides run in turns
@@ -10,8 +10,9 @@ a warm-up; each comparison is a ratio measured in the same run, its two sides ru
  2 upsert 10% (half updates, half new) : Spark, Python API, deltalake merge
  3 snapshot read after compaction      vs spark.read.parquet of the same rows
  4 snapshot read, 5 uncompacted 10% upserts (merge on read) vs parquet of the final rows
- 5 incremental read of the last commit vs a full snapshot read
- 6 point lookup with pushdown          vs a full scan; with and without the metadata table
+ 5 incremental read of the last commit vs a full snapshot read; also at --scale-rows rows
+ 6 point lookup with pushdown          vs a full scan; with and without the metadata table; the
+   lookup and scan also at --scale-rows rows
  7 4 concurrent writers                : nbcc commits/retries vs deltalake concurrent merges
  8 planning a read of a table with N commits (before/after archival, with and without the
    metadata table), in a fresh process
@@ -43,6 +44,9 @@ import floor  # bench/floor.py: run.py's folder is on the path
 
 HERE = Path(__file__).resolve().parent
 ARROW_WARMUP_ROWS = 16_000_000  # rows through the JVM's Arrow hand-over before writes are timed
+# Runs of each side at --scale-rows: a full read there takes seconds, so its median is steady
+# with fewer runs, and the default bench stays near 10 minutes.
+SCALE_REPEATS = 3
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 
@@ -234,25 +238,35 @@ class Bench:
         self._arrow_path_warm = True
         return times
 
-    def record(self, key: str, title: str, figures: dict[str, Any], target: str, met: bool | None, note: str = ""):
+    def record(self, key: str, title: str, figures: dict[str, Any], target: str, met: bool | None, note: str = "",
+               scaled_met: bool | None = None):
+        """`met`: the target at the default size; `scaled_met`: the same target at --scale-rows rows
+        (scenarios 5 and 6 measure both)."""
         now = cpu_jiffies()
         if now is not None and self.ticks_at_start is not None and now[1] > self.ticks_at_start[1]:
             stolen, total = now[0] - self.ticks_at_start[0], now[1] - self.ticks_at_start[1]
             figures = {**figures, "cpu_steal_pct": round(100 * stolen / total, 1)}
         self.results["scenarios"][key] = {"title": title, "figures": figures, "target": target, "met": met,
-                                          "note": note}
+                                          "scaled_met": scaled_met, "note": note}
         status = "n/a" if met is None else ("MET" if met else "MISSED")
+        if scaled_met is not None:
+            status += f"; at {figures['scale_rows']:,} rows: " + ("MET" if scaled_met else "MISSED")
         print(f"[{key}] {title}: {json.dumps(figures)} target {target}: {status}", flush=True)
 
-    def base_table(self) -> str:
-        """A compacted nbcc table of the base rows (built once) and its Parquet twin."""
-        path = self.work / "base"
+    def base_table(self, n: int | None = None) -> str:
+        """A compacted nbcc table of `n` base rows (default `--rows`; built once), and for the
+        default size its Parquet twin. Larger tables are written in commits of `--rows` rows,
+        so that building one takes no more memory than the default table."""
+        n = n or self.n
+        path = self.work / ("base" if n == self.n else f"base-{n}")
         if not path.exists():
-            rows = make_rows(self.n)
-            t = nbcc.Table.create(str(path), rows.schema, "id", ordering_field="ts", buckets=16)
-            t.write(rows)
+            t = nbcc.Table.create(str(path), make_rows(1).schema, "id", ordering_field="ts", buckets=16)
+            for start in range(0, n, self.n):
+                rows = make_rows(min(self.n, n - start), start=start)
+                t.write(rows)
             t.compact()
-            pq.write_table(rows, self.work / "base.parquet")
+            if n == self.n:
+                pq.write_table(rows, self.work / "base.parquet")
         return str(path)
 
     def fresh_copy(self, name: str) -> str:
@@ -375,15 +389,18 @@ class Bench:
         return (self.spark.read.format(floor.NAME).schema(nbcc_df.schema).option("paths", json.dumps(paths))
                 .option("partitions", partitions).load()), partitions
 
-    def mor_table(self) -> str:
-        """The base table plus 5 uncompacted upserts of 10% (built once) and the final rows."""
-        path = self.work / "mor"
+    def mor_table(self, n: int | None = None) -> str:
+        """The base table of `n` rows plus 5 uncompacted upserts of 10% (built once), and for the
+        default size the final rows as Parquet."""
+        n = n or self.n
+        path = self.work / ("mor" if n == self.n else f"mor-{n}")
         if not path.exists():
-            shutil.copytree(self.base_table(), path)
+            shutil.copytree(self.base_table(n), path)
             t = nbcc.Table.open(str(path))
             for i in range(5):
-                t.write(upsert_batch(self.n, 0.10, seed=10 + i, ts=10 + i))
-            pq.write_table(t.read(), self.work / "mor-final.parquet")
+                t.write(upsert_batch(n, 0.10, seed=10 + i, ts=10 + i))
+            if n == self.n:
+                pq.write_table(t.read(), self.work / "mor-final.parquet")
         return str(path)
 
     def s4_read_mor(self):
@@ -417,12 +434,16 @@ class Bench:
             queries["python_source_one_row_lookup"] = lambda: python_source.load().where(f"id = {key}").collect()
         return queries
 
+    def last_commit_read(self, uri: str) -> tuple[Any, str]:
+        """A DataFrame of an incremental read of the table's last commit, and its `begin`."""
+        done = [i for i in nbcc.Table.open(uri).timeline() if i.state == "completed"]
+        begin = done[-2].completion
+        return self.spark.read.format("nbcc").option("query_type", "incremental").option("begin", begin).load(uri), begin
+
     def s5_incremental(self):
         spark = self.spark
         uri = self.mor_table()
-        done = [i for i in nbcc.Table.open(uri).timeline() if i.state == "completed"]
-        begin = done[-2].completion
-        incremental = spark.read.format("nbcc").option("query_type", "incremental").option("begin", begin).load(uri)
+        incremental, begin = self.last_commit_read(uri)
         range_floor, _ = self.floor_reader(incremental, uri, query_type="incremental", begin=begin)
         t = paired_times({"incremental": lambda: consume(incremental),
                           "snapshot": lambda: consume(spark.read.format("nbcc").load(uri)),
@@ -430,20 +451,32 @@ class Bench:
                           **self.one_row_queries()}, self.repeats)
         inc, full, fixed = t["incremental"], t["snapshot"], t["python_source_one_row"]
         ratio = inc / full
-        self.record("5", "incremental read of the last 10% commit vs full snapshot",
-                    {"incremental_s": round(inc, 3), "snapshot_s": round(full, 3), "ratio": round(ratio, 2),
-                     "python_source_one_row_s": round(fixed, 3), "floor_ratio": round(fixed / full, 2),
-                     "python_reader_range_files_s": round(t["range_floor"], 3),
-                     "range_floor_ratio": round(t["range_floor"] / full, 2),
-                     "parquet_one_row_file_s": round(t["parquet_one_row"], 3)},
-                    "<= 0.2", ratio <= 0.2,
+        figures = {"incremental_s": round(inc, 3), "snapshot_s": round(full, 3), "ratio": round(ratio, 2),
+                   "python_source_one_row_s": round(fixed, 3), "floor_ratio": round(fixed / full, 2),
+                   "python_reader_range_files_s": round(t["range_floor"], 3),
+                   "range_floor_ratio": round(t["range_floor"] / full, 2),
+                   "parquet_one_row_file_s": round(t["parquet_one_row"], 3)}
+        scaled_met = None
+        if self.args.scale_rows:  # the same table and commits, --scale-rows rows
+            big_uri = self.mor_table(self.args.scale_rows)
+            big_incremental, _ = self.last_commit_read(big_uri)
+            big = paired_times({"incremental": lambda: consume(big_incremental),
+                                "snapshot": lambda: consume(spark.read.format("nbcc").load(big_uri))}, SCALE_REPEATS)
+            big_ratio = big["incremental"] / big["snapshot"]
+            figures |= {"scale_rows": self.args.scale_rows, "incremental_s_at_scale": round(big["incremental"], 3),
+                        "snapshot_s_at_scale": round(big["snapshot"], 3), "ratio_at_scale": round(big_ratio, 3)}
+            scaled_met = big_ratio <= 0.2
+        self.record("5", "incremental read of the last 10% commit vs full snapshot", figures,
+                    "<= 0.2", ratio <= 0.2, scaled_met=scaled_met, note=
                     "the range's records outrank every older one here (newer instants and ordering values), so "
                     "each touched file group reads only the range's files (format.md section 12.7); "
                     "python_source_one_row: a Python data source's collect of a one-row file, the least any "
                     "query through the API costs here, and floor_ratio that over the snapshot: the smallest "
                     "ratio any Python source could show; python_reader_range_files: the floor reader (as in "
                     "(3)) of the files the incremental read reads (the commit's own log files), and "
-                    "range_floor_ratio that over the snapshot")
+                    "range_floor_ratio that over the snapshot; *_at_scale: the same two reads of a table built "
+                    "the same way (a compacted base and 5 upserts of 10%) with scale_rows rows, where a query's "
+                    "fixed cost is a small part of a snapshot")
 
     def s6_point_lookup(self):
         spark = self.spark
@@ -490,6 +523,18 @@ class Bench:
         def python_lookup(use: bool) -> float:
             return median_time(lambda: indexed.read(filter=[("id", "=", hit)], use_metadata_table=use), self.repeats)
 
+        at_scale, scaled_met = {}, None
+        if self.args.scale_rows:  # the same lookup and scan of a table of --scale-rows rows
+            big_uri = self.base_table(self.args.scale_rows)
+            big = paired_times({"lookup": lambda: spark.read.format("nbcc").load(big_uri).where(f"id = {key}").collect(),
+                                "scan": lambda: consume(spark.read.format("nbcc").load(big_uri))}, SCALE_REPEATS)
+            big_ratio = big["lookup"] / big["scan"]
+            at_scale = {"scale_rows": self.args.scale_rows, "lookup_s_at_scale": round(big["lookup"], 3),
+                        "scan_s_at_scale": round(big["scan"], 3), "ratio_at_scale": round(big_ratio, 3)}
+            scaled_met = big_ratio <= 1 / (buckets // 2)
+            for name in (f"base-{self.args.scale_rows}", f"mor-{self.args.scale_rows}"):  # 1.5 GB, not needed again
+                shutil.rmtree(self.work / name, ignore_errors=True)
+
         self.record("6", "point lookup by key with pushdown vs full scan",
                     {"lookup_s": round(look, 3), "scan_s": round(scan, 3), "ratio": round(ratio, 3),
                      "parquet_lookup_s": round(t["parquet_lookup"], 3), "parquet_scan_s": round(t["parquet_scan"], 3),
@@ -504,8 +549,8 @@ class Bench:
                      "mor_files_opened": files(False), "mor_files_opened_with_metadata_table": files(True),
                      "build_index_s": round(index_s, 3),
                      "one_group_python_lookup_s": round(one_t["lookup"], 4),
-                     "one_group_python_read_s": round(one_t["read"], 4)},
-                    f"<= 1/{buckets // 2}", ratio <= 1 / (buckets // 2),
+                     "one_group_python_read_s": round(one_t["read"], 4), **at_scale},
+                    f"<= 1/{buckets // 2}", ratio <= 1 / (buckets // 2), scaled_met=scaled_met, note=
                     "parquet_*: Spark's own Parquet source, the same lookup and scan of the same rows (one file), "
                     "and a collect of a one-row file (what any query costs here); python_source_one_row: the "
                     "same collect through a Python data source that only reads the file, and with the "
@@ -515,7 +560,8 @@ class Bench:
                     "with the metadata table: the merge-on-read table (base + 5 upserts) with every partition "
                     "built; the key is one no upsert touched; one_group_*: the rows compacted into one file "
                     "group, a lookup and a full read through the Python API (a lookup decodes the one "
-                    "64k-row group of the base file whose key range holds the key)")
+                    "64k-row group of the base file whose key range holds the key); *_at_scale: the same "
+                    "lookup and scan of a compacted table of scale_rows rows (16 buckets)")
 
     def s7_concurrent_writers(self):
         script = HERE / "concurrent_writers.py"
@@ -625,6 +671,8 @@ class Bench:
         for key, s in sorted(self.results["scenarios"].items()):
             figs = ", ".join(f"{k} {v}" for k, v in s["figures"].items())
             status = "n/a" if s["met"] is None else ("met" if s["met"] else "**missed**")
+            if s.get("scaled_met") is not None:
+                status += f"; at {s['figures']['scale_rows']:,} rows: " + ("met" if s["scaled_met"] else "**missed**")
             lines.append(f"| {key} | {s['title']} | {figs} | {s['target']} | {status} |")
         notes = [f"- ({k}) {s['note']}" for k, s in sorted(self.results["scenarios"].items()) if s.get("note")]
         if notes:
@@ -647,6 +695,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--commits", type=int, default=2000)
     parser.add_argument("--slice-rows", type=int, default=10_000_000)
+    parser.add_argument("--scale-rows", type=int, default=20_000_000,
+                        help="also measure (5) and (6) on tables of this many rows (0: not)")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenario numbers")
     args = parser.parse_args()
     bench = Bench(args)
