@@ -25,8 +25,10 @@ completion times come from the writers and the timeline; the expected rows come 
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import time
+import traceback
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -258,6 +260,13 @@ def region(k: int) -> str:
     return f"p{k % 2}"  # the partition is a function of the key
 
 
+def _thread_stacks() -> str:
+    """Every thread's stack, so that a timeout on CI shows what was stuck."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    return "\n".join(f"--- {names.get(ident, ident)}\n" + "".join(traceback.format_stack(frame))
+                     for ident, frame in sys._current_frames().items())
+
+
 class Progress:
     """Counts finished commits and compaction schedulings, for event-driven interleaving."""
 
@@ -266,6 +275,7 @@ class Progress:
         self.commits = 0
         self.scheduled = 0
         self.pending_scheduled = 0  # the compaction that is scheduled now and run later
+        self.held_open = 0  # writer 0 has begun the write that it holds open
         self.errors: list[BaseException] = []
 
     def bump(self, attr: str) -> None:
@@ -276,7 +286,9 @@ class Progress:
     def wait(self, pred: Callable[[], bool], what: str) -> None:
         with self.cond:
             if not self.cond.wait_for(lambda: pred() or bool(self.errors), timeout=WAIT_S):
-                raise AssertionError(f"timed out waiting for {what}")
+                raise AssertionError(f"timed out waiting for {what} (commits={self.commits}, "
+                                     f"scheduled={self.scheduled}, held_open={self.held_open}); "
+                                     f"where the threads are:\n{_thread_stacks()}")
         if self.errors:
             raise RuntimeError("another thread failed") from self.errors[0]
 
@@ -319,6 +331,10 @@ def _writer(uri: str, mode: Mode, w: int, progress: Progress, log: dict[str, lis
     rng = random.Random(f"nbcc-tt-{mode.name}-{w}")
     start.wait(WAIT_S)
     for n in range(COMMITS_PER_WRITER):
+        if w != 0 and n == 0:
+            # Writer 0 must begin first: its hold waits for three later commits, which writers 1
+            # and 2 could not supply if a slow start (the lock is not fair) let them finish first.
+            progress.wait(lambda: progress.held_open > 0, "writer 0 to begin the write it holds open")
         if w != 0 and n >= COMMITS_PER_WRITER - 2:
             # The last commits of writers 1 and 2 wait for the compaction that is scheduled and run
             # later, so that commits surely complete while it is pending.
@@ -343,11 +359,13 @@ def _writer(uri: str, mode: Mode, w: int, progress: Progress, log: dict[str, lis
         if hold or rng.random() < 0.5:
             txn = table.begin_write(data.schema, operation)
             seen_commits, seen_scheduled = progress.commits, progress.scheduled
+            if hold:
+                progress.bump("held_open")
             lw = table.log_writer(txn, "0-0-0")
             lw.write(nbcc.writer.prepare(data, table.config, txn.schema, operation))
             if hold:
-                # Writers 1 and 2 had at most one commit each in flight: the third completion from
-                # now is of a commit that started after this one.
+                # Writers 1 and 2 began no commit before this one: every completion from now on
+                # is of a commit that started after it.
                 progress.wait(lambda: progress.commits >= seen_commits + 3 and progress.scheduled > seen_scheduled,
                               "a commit and a compaction while writer 0 holds its write open")
             else:
