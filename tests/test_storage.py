@@ -167,7 +167,7 @@ def test_racing_threads_have_exactly_one_winner(where, tmp_path, request):
     else:
         uri, opts = request.getfixturevalue("s3_table")
     n = 16
-    barrier = threading.Barrier(n)
+    barrier = threading.Barrier(n, timeout=60)  # a thread that fails early must not hang the rest
     results: dict[int, bool] = {}
     errors: list[BaseException] = []
 
@@ -183,7 +183,8 @@ def test_racing_threads_have_exactly_one_winner(where, tmp_path, request):
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a racing thread hangs"
     assert errors == []
     winners = [i for i, won in results.items() if won]
     assert len(results) == n and len(winners) == 1
