@@ -11,11 +11,14 @@ so log order is write order).
 from __future__ import annotations
 
 import random
+from datetime import date, timedelta
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import nbcc
+import nbcc.filenames
 import nbcc.reader
 from test_merge import reference
 
@@ -105,3 +108,75 @@ def test_a_live_base_file_over_the_budget_is_read_in_pieces_with_every_row(tmp_p
     parts = list(nbcc.scan.iter_task(table.storage, plan, plan.tasks[0]))
     assert len(parts) > 1 and max(p.num_rows for p in parts) <= BUDGET
     assert sorted(pa.concat_tables(parts).column("id").to_pylist()) == ids
+
+
+def _base_file(table: nbcc.Table) -> pq.ParquetFile:
+    plan = table.plan()
+    (task,) = plan.tasks
+    (name,) = task.files
+    return pq.ParquetFile(table.storage.full_path(nbcc.filenames.data_file_path(task.partition, name)))
+
+
+KEY_TYPES = {
+    "int64": (pa.int64(), lambda i: i * 7919 % 100_003),
+    "string": (pa.string(), lambda i: f"user-{i * 7919 % 100_003:06d}"),
+    "date": (pa.date32(), lambda i: date(2000, 1, 1) + timedelta(days=i * 7919 % 100_003)),
+}
+
+
+@pytest.mark.parametrize("key_type", list(KEY_TYPES))
+def test_compacting_a_slice_over_the_budget_writes_one_key_ordered_base_file(tmp_path, pieces, key_type):
+    """Pieces are key ranges in key order, so the base file is sorted by key as a whole and a
+    lookup's row-group statistics pick exactly one row group."""
+    typ, key_of = KEY_TYPES[key_type]
+    schema = pa.schema([("k", typ), ("ts", pa.int64()), ("v", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "k", ordering_field="ts", buckets=1)
+    keys = [key_of(i) for i in range(300)]  # scattered, not written in key order
+    for ts in range(3):  # every key three times: the last write wins
+        table.write(pa.table({"k": keys, "ts": [ts] * 300, "v": [ts * 1000 + i for i in range(300)]}, schema=schema))
+    assert table.compact() is not None
+    assert len(pieces) >= 900 // BUDGET - 1, "compaction did not take the spilled path"
+    assert max(pieces) <= 1.25 * 900 / len(pieces) + 1, f"uneven key ranges: {pieces}"
+
+    base = _base_file(table)
+    written = base.read(columns=["k", "v"])
+    assert written.column("k").to_pylist() == sorted(keys), "the base file is not in key order"
+    assert sorted(written.column("v").to_pylist()) == [2000 + i for i in range(300)]
+    assert base.metadata.num_row_groups == len(pieces)
+    ranges = [(base.metadata.row_group(i).column(0).statistics.min,
+               base.metadata.row_group(i).column(0).statistics.max) for i in range(base.metadata.num_row_groups)]
+    for k in keys:
+        assert sum(lo <= k <= hi for lo, hi in ranges) == 1, f"a lookup of {k!r} decodes more than one row group"
+    k = keys[123]
+    assert table.read(filter=[("k", "=", k)]).to_pylist() == [{"k": k, "ts": 2, "v": 2123}]
+
+
+TENANTS = {
+    "many values": lambda i: f"t{i % 60:02d}",  # 60 tenants of 5 rows: ranges of whole tenants
+    "one value": lambda i: "acme",
+    "one value for most rows": lambda i: f"t{i}" if i % 10 == 0 else "acme",
+}
+
+
+@pytest.mark.parametrize("first", list(TENANTS))
+def test_a_composite_key_merges_in_pieces_by_its_first_column_or_by_hash(tmp_path, pieces, first):
+    """A composite key's pieces are ranges of its first column, whole values each; where that
+    column is one tenant (or mostly one) it cannot be cut evenly, and the pieces are hashed on
+    the whole key. Either way they stay within the budget and merge right."""
+    schema = pa.schema([("tenant", pa.string()), ("id", pa.int64()), ("ts", pa.int64()), ("v", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, ["tenant", "id"], ordering_field="ts", buckets=1)
+    tenants = [TENANTS[first](i) for i in range(300)]
+    ids = list(range(300))
+    for ts in range(3):
+        table.write(pa.table({"tenant": tenants, "id": ids, "ts": [ts] * 300, "v": [ts * 1000 + i for i in ids]},
+                             schema=schema))
+    rows = sorted(table.read().to_pylist(), key=lambda r: r["id"])
+    assert rows == [{"tenant": t, "id": i, "ts": 2, "v": 2000 + i} for t, i in zip(tenants, ids)]
+    assert len(pieces) >= 900 // BUDGET - 1 and max(pieces) < 900 // 2, f"a piece held most of the slice: {pieces}"
+    pieces.clear()
+    assert table.compact() is not None
+    assert pieces and max(pieces) < 900 // 2, f"a piece held most of the slice: {pieces}"
+    assert sorted(table.read().to_pylist(), key=lambda r: r["id"]) == rows
+    if first == "many values":
+        written = _base_file(table).read(columns=["tenant", "id"]).to_pylist()
+        assert written == sorted(written, key=lambda r: (r["tenant"], r["id"])), "the base file is not in key order"

@@ -5,10 +5,13 @@ readable: a missing or corrupt one fails the read and names the file, so rows ar
 dropped.
 
 Memory stays bounded by `merge_rows`, not by the size of a file slice: a slice with more rows
-than that is split by a hash of the record key into pieces of about `merge_rows` rows, spilled to
-local temporary Arrow IPC files, and each piece is merged on its own (every record of a key lands
-in one piece, in log order, so each piece merges exactly as the whole slice would). Results come
-out piece by piece.
+than that is split into pieces of about `merge_rows` rows, spilled to local temporary Arrow IPC
+files, and each piece is merged on its own (every record of a key lands in one piece, in log
+order, so each piece merges exactly as the whole slice would). Results come out piece by piece.
+The pieces are ranges of the first record key column, in key order, chosen from a sample of it,
+so that a compaction of a large slice still writes a base file in key order (a lookup then
+decodes one of its row groups); where that column cannot split the rows evenly (one value holds
+too many of them) a hash of the whole key splits them instead.
 """
 
 from __future__ import annotations
@@ -38,6 +41,10 @@ from .storage import Storage, is_not_found
 DEFAULT_MERGE_ROWS = 2_000_000
 _SPILL_BATCH_ROWS = 128 * 1024
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: spreads hashes that share low bits
+# Range pieces: sampled keys per piece (its quantiles put about 1% error on a piece's
+# size), and the most a piece may hold, as a multiple of its share, before hashing is used.
+_SAMPLE_PER_PIECE = 8192
+_MAX_PIECE_SHARE = 1.25
 
 
 def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
@@ -226,17 +233,63 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
             yield finish(merge(piece))
 
 
-def _piece_ids(rows: pa.Table, record_key: Sequence[str], pieces: int) -> np.ndarray:
+def _hash_piece_ids(rows: pa.Table, record_key: Sequence[str], pieces: int) -> np.ndarray:
     # Every row of a file group shares its bucket (hash % buckets), so the hash's low bits are
     # alike: take the piece from the high bits of the hash times the golden ratio instead.
     h = java_list_hash([rows.column(k) for k in record_key]).view(np.uint32).astype(np.uint64)
     return ((h * _GOLDEN) >> np.uint64(32)) % np.uint64(pieces)
 
 
+def _range_piece_ids(column: pa.ChunkedArray | pa.Array, bounds: pa.Array) -> np.ndarray:
+    """The piece of each value: the number of bounds at or below it (nulls sort first: 0)."""
+    if column.null_count == 0 and pa.types.is_integer(column.type):
+        values = column.to_numpy() if isinstance(column, pa.Array) else column.combine_chunks().to_numpy()
+        return np.searchsorted(bounds.to_numpy(), values, side="right")
+    ids = np.zeros(len(column), dtype=np.int64)
+    for bound in bounds:  # one vectorised comparison per bound: pieces are few
+        ids += pc.fill_null(pc.greater_equal(column, bound), False).to_numpy(zero_copy_only=False)
+    return ids
+
+
+def _range_bounds(opened: list[_DataFile], key: str, key_type: pa.DataType, pieces: int) -> pa.Array | None:
+    """`pieces - 1` values of column `key` that split the files' rows into ranges of about equal
+    size, read from an evenly strided sample of it; None if no such split exists (a value holds
+    too many rows)."""
+    if not (pa.types.is_integer(key_type) or pa.types.is_string(key_type) or pa.types.is_large_string(key_type)
+            or pa.types.is_date(key_type)):
+        return None  # the record key types (config.py); any other is hashed
+    total = sum(f.rows for f in opened)
+    stride = max(1, total // (pieces * _SAMPLE_PER_PIECE))
+    samples, skip = [], 0  # `skip`: rows of the next batch before its first sampled one
+    for f in opened:
+        for batch in f.batches([key]):
+            if skip < batch.num_rows:
+                column = batch.column(0).take(pa.array(np.arange(skip, batch.num_rows, stride))).combine_chunks()
+                samples.append(column if column.type.equals(key_type) else pc.cast(column, key_type))
+            skip = (skip - batch.num_rows) % stride
+    sample = pa.concat_arrays(samples) if samples else pa.array([], key_type)
+    if len(sample) < pieces:
+        return None
+    sample = sample.take(pc.array_sort_indices(sample, null_placement="at_start"))
+    bounds = sample.take(pa.array([len(sample) * i // pieces for i in range(1, pieces)]))
+    if bounds.null_count:
+        return None  # nulls (never in a valid key) fill a whole piece's share
+    sizes = np.bincount(_range_piece_ids(sample, bounds), minlength=pieces)
+    return bounds if sizes.max() <= _MAX_PIECE_SHARE * len(sample) / pieces else None
+
+
 def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Sequence[str],
                     pieces: int, wanted_keys: Callable[[pa.Table], pa.Table]) -> Iterator[pa.Table]:
     """Split the files' rows by key into `pieces` temporary Arrow IPC files, keeping log order
-    within each, then hand them back one at a time."""
+    within each, then hand them back one at a time (in key order when split by range)."""
+    first = record_key[0]
+    bounds = _range_bounds(opened, first, fschema.field(first).type, pieces)
+
+    def piece_ids(rows: pa.Table) -> np.ndarray:
+        if bounds is None:
+            return _hash_piece_ids(rows, record_key, pieces)
+        return _range_piece_ids(rows.column(first), bounds)
+
     with tempfile.TemporaryDirectory(prefix="nbcc-merge-") as tmp:
         paths = [os.path.join(tmp, f"{p}.arrow") for p in range(pieces)]
         with contextlib.ExitStack() as writers:
@@ -246,7 +299,7 @@ def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Seq
                     batch = wanted_keys(_aligned(batch, fschema))
                     if not batch.num_rows:
                         continue
-                    ids = _piece_ids(batch, record_key, pieces)
+                    ids = piece_ids(batch)
                     # stable: rows keep their file order (and a radix sort on 16-bit ids)
                     order = np.argsort(ids.astype(np.int16 if pieces < 2**15 else np.int64), kind="stable")
                     grouped = batch.take(order)
