@@ -127,7 +127,7 @@ def test_a_lookup_in_a_slice_too_large_to_merge_in_memory_stays_in_memory(tmp_pa
     monkeypatch.setattr(nbcc.reader, "DEFAULT_MERGE_ROWS", 50)
     spilled = []
     real = nbcc.reader._spilled_pieces
-    monkeypatch.setattr(nbcc.reader, "_spilled_pieces", lambda *a: spilled.append(1) or real(*a))
+    monkeypatch.setattr(nbcc.reader, "_spilled_pieces", lambda *a, **k: spilled.append(1) or real(*a, **k))
     assert table.read(filter=[("k", "=", 57)]).to_pylist() == [{"k": 57, "v": "bb57", "ts": 2}]
     assert table.read(filter=[("k", "=", 4)]).num_rows == 0  # deleted by the log
     assert spilled == []
