@@ -8,10 +8,11 @@ Memory stays bounded by `merge_rows`, not by the size of a file slice: a slice w
 than that is split into pieces of about `merge_rows` rows, spilled to local temporary Arrow IPC
 files, and each piece is merged on its own (every record of a key lands in one piece, in log
 order, so each piece merges exactly as the whole slice would). Results come out piece by piece.
-The pieces are ranges of the first record key column, in key order, chosen from a sample of it,
-so that a compaction of a large slice still writes a base file in key order (a lookup then
-decodes one of its row groups); where that column cannot split the rows evenly (one value holds
-too many of them) a hash of the whole key splits them instead.
+Reads split by a hash of the key. Compaction splits by ranges of the first record key column,
+cut at quantiles of a sample of it and handed back in key order, so that its base file is in
+key order as a whole (a lookup then decodes one of its row groups); where that column cannot be
+cut evenly (one value holds too many rows), or a range turns out larger than the sample said,
+the hash splits them instead.
 """
 
 from __future__ import annotations
