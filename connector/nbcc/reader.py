@@ -322,7 +322,8 @@ def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Seq
                 # The sample misjudged this range (it cannot be sure): hash it into pieces of
                 # the budget, which keeps memory bounded and only this range out of key order.
                 n = math.ceil(rows / share)
-                again = _spill(_spilled_batches(path), by_hash(n), n, fschema, tmp, f"p{p}-")
+                with contextlib.closing(_spilled_batches(path)) as batches_of_piece:  # its map, even on errors
+                    again = _spill(batches_of_piece, by_hash(n), n, fschema, tmp, f"p{p}-")
                 yield from (_read_spilled(sub) for sub, _ in again)
             else:
                 yield _read_spilled(path)
@@ -335,7 +336,10 @@ def _spill(batches: Iterator[pa.Table], piece_ids: Callable[[pa.Table], np.ndarr
     paths = [os.path.join(tmp, f"{prefix}{p}.arrow") for p in range(pieces)]
     counts = np.zeros(pieces, dtype=np.int64)
     with contextlib.ExitStack() as writers:
-        sinks = [writers.enter_context(pa.ipc.new_file(path, fschema)) for path in paths]
+        # The writer does not close a file it was given by name: open each one here, so that an
+        # error leaves none open.
+        sinks = [writers.enter_context(pa.ipc.new_file(writers.enter_context(pa.OSFile(path, "wb")), fschema))
+                 for path in paths]
         for batch in batches:
             if not batch.num_rows:
                 continue
