@@ -2,16 +2,21 @@
 
 Builds a table with one bucket (so one file group) of ROWS rows in five commits (the last four
 update 10% each), then, in a fresh process, merges the slice as a read task does and reports the
-process's peak RSS. Prints one JSON line.
+process's peak RSS; then, in another, compacts it (the other task that merges a whole slice) and
+reports that process's peak RSS, the compaction's time and a key lookup's time in the compacted
+file group (the median of LOOKUPS, through the Python API). Prints one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import resource
+import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,20 +61,50 @@ def merge(uri: str) -> None:
                       "peak_rss_gb": round(peak_kb / 1024 / 1024, 2)}))
 
 
+LOOKUPS = 15
+
+
+def compact(uri: str, rows: int) -> None:
+    import nbcc
+
+    table = nbcc.Table.open(uri)
+    t0 = time.perf_counter()
+    table.compact()
+    took = time.perf_counter() - t0
+    peak_kb = peak_rss_kb()
+    keys = random.Random(9).sample(range(rows), LOOKUPS + 2)
+    times = []
+    for i, k in enumerate(keys):
+        t1 = time.perf_counter()
+        found = table.read(filter=[("id", "=", k)]).num_rows
+        if i >= 2:  # the first two warm up
+            times.append(time.perf_counter() - t1)
+        assert found == 1, f"key {k}: {found} rows"
+    print(json.dumps({"compaction_s": round(took, 2), "compaction_peak_rss_gb": round(peak_kb / 1024 / 1024, 2),
+                      "compacted_lookup_s": round(statistics.median(times), 4)}))
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--work", required=True)
     p.add_argument("--merge-only", default=None)
+    p.add_argument("--compact-only", default=None)
     a = p.parse_args()
     if a.merge_only:
         merge(a.merge_only)
         return
+    if a.compact_only:
+        compact(a.compact_only, a.rows)
+        return
     uri = str(Path(a.work) / "s9")
     build(uri, a.rows)
-    out = subprocess.run([sys.executable, __file__, "--rows", str(a.rows), "--work", a.work, "--merge-only", uri],
-                         capture_output=True, text=True, check=True)
-    print(out.stdout.strip().splitlines()[-1])
+    figures = {}
+    for step in ("--merge-only", "--compact-only"):  # each in a fresh process: its own peak
+        out = subprocess.run([sys.executable, __file__, "--rows", str(a.rows), "--work", a.work, step, uri],
+                             capture_output=True, text=True, check=True)
+        figures.update(json.loads(out.stdout.strip().splitlines()[-1]))
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -659,8 +659,9 @@ class Bench:
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-3000:])
         figures = json.loads(out.stdout.strip().splitlines()[-1])
-        self.record("9", f"peak memory merging one {self.args.slice_rows:,}-row file slice", figures,
-                    "< 1.5 GB", figures["peak_rss_gb"] < 1.5)
+        self.record("9", f"peak memory merging one {self.args.slice_rows:,}-row file slice (a read, then a compaction)",
+                    figures, "< 1.5 GB, both",
+                    figures["peak_rss_gb"] < 1.5 and figures["compaction_peak_rss_gb"] < 1.5)
 
     def write_results(self) -> None:
         (HERE / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")

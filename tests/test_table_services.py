@@ -1000,3 +1000,27 @@ def test_a_failing_inline_compaction_leaves_the_write_committed_and_logs_why(tmp
     monkeypatch.undo()
     assert table.run_compaction(pending[0]) is not None
     assert table.read().sort_by("id").to_pydict() == {"id": [1, 2], "v": ["a", "B"]}
+
+
+def test_a_base_file_that_keeps_two_records_of_a_key_is_merged_when_read(tmp_path):
+    """While an older write is pending, compaction keeps a key's records from it on (a late
+    record may still outrank the winner), so the base file can hold two rows of one key with no
+    delete among them. It must not be marked live (read without merging), or reads would return
+    both rows."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("v", pa.string())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1)
+    table.write(pa.table({"id": [1, 2], "ts": [1, 1], "v": ["a", "b"]}, schema=schema))
+    txn = table.begin_write(schema, "upsert")  # older instant, completes after the compaction
+    table.write(pa.table({"id": [1], "ts": [5], "v": ["c"]}, schema=schema))
+    table.write(pa.table({"id": [1], "ts": [3], "v": ["d"]}, schema=schema))
+    tc = table.compact()
+    (done,) = [i for i in table.timeline() if i.instant == tc]
+    (base,) = nbcc.timeline.read_commit_metadata(table.storage, done)["files"]
+    assert base["rows"] == 3 and base["live"] is False, base
+    assert sorted(table.read().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "ts": 5, "v": "c"}, {"id": 2, "ts": 1, "v": "b"}]
+    lw = table.log_writer(txn, "0-0-0")
+    lw.write(prepare(pa.table({"id": [1], "ts": [4], "v": ["late"]}, schema=schema), table.config, txn.schema, "upsert"))
+    txn.commit(lw.close())
+    assert sorted(table.read().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "ts": 5, "v": "c"}, {"id": 2, "ts": 1, "v": "b"}]

@@ -232,7 +232,9 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
             return
         for piece in _spilled_pieces(opened, fschema, config.record_key, math.ceil(total / merge_rows), wanted_keys,
                                      in_key_order=compact):
-            yield finish(merge(piece))
+            merged = finish(merge(piece))
+            del piece  # not kept while the caller works on the merged rows
+            yield merged
 
 
 def _hash_piece_ids(rows: pa.Table, record_key: Sequence[str], pieces: int) -> np.ndarray:
