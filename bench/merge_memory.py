@@ -13,7 +13,6 @@ import argparse
 import json
 import random
 import resource
-import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +48,10 @@ def peak_rss_kb() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
+def peak_rss_gb() -> float:
+    return round(peak_rss_kb() / 1024 / 1024, 2)
+
+
 def merge(uri: str) -> None:
     import nbcc
     from nbcc.scan import iter_task
@@ -56,9 +59,8 @@ def merge(uri: str) -> None:
     table = nbcc.Table.open(uri)
     plan = table.plan()
     out = sum(piece.num_rows for task in plan.tasks for piece in iter_task(table.storage, plan, task))
-    peak_kb = peak_rss_kb()
     print(json.dumps({"rows_out": out, "files": sum(len(t.files) for t in plan.tasks),
-                      "peak_rss_gb": round(peak_kb / 1024 / 1024, 2)}))
+                      "peak_rss_gb": peak_rss_gb()}))
 
 
 LOOKUPS = 15
@@ -66,22 +68,21 @@ LOOKUPS = 15
 
 def compact(uri: str, rows: int) -> None:
     import nbcc
+    from run import median_time
 
     table = nbcc.Table.open(uri)
     t0 = time.perf_counter()
     table.compact()
     took = time.perf_counter() - t0
-    peak_kb = peak_rss_kb()
-    keys = random.Random(9).sample(range(rows), LOOKUPS + 2)
-    times = []
-    for i, k in enumerate(keys):
-        t1 = time.perf_counter()
+    peak = peak_rss_gb()  # before the lookups, which only read
+    keys = iter(random.Random(9).sample(range(rows), LOOKUPS + 1))
+
+    def lookup() -> None:
+        k = next(keys)  # a different key each time: no cache answers it
         found = table.read(filter=[("id", "=", k)]).num_rows
-        if i >= 2:  # the first two warm up
-            times.append(time.perf_counter() - t1)
         assert found == 1, f"key {k}: {found} rows"
-    print(json.dumps({"compaction_s": round(took, 2), "compaction_peak_rss_gb": round(peak_kb / 1024 / 1024, 2),
-                      "compacted_lookup_s": round(statistics.median(times), 4)}))
+    print(json.dumps({"compaction_s": round(took, 2), "compaction_peak_rss_gb": peak,
+                      "compacted_lookup_s": round(median_time(lookup, LOOKUPS), 4)}))
 
 
 def main() -> None:

@@ -192,8 +192,8 @@ def test_a_range_the_sample_misjudged_is_hashed_into_pieces_of_the_budget(tmp_pa
         table.write(pa.table({"id": ids, "ts": [ts] * 300, "v": [ts * 1000 + i for i in ids]}, schema=schema))
     real = nbcc.reader._range_bounds
 
-    def misjudged(opened, key, key_type, n):
-        assert real(opened, key, key_type, n) is not None  # the real sample splits this evenly
+    def misjudged(opened, total, key, key_type, n):
+        assert real(opened, total, key, key_type, n) is not None  # the real sample splits this evenly
         return pa.array([280] * (n - 1), key_type)  # as if 280 were the median: 93% in piece 0
     monkeypatch.setattr(nbcc.reader, "_range_bounds", misjudged)
     assert table.compact() is not None

@@ -19,18 +19,18 @@ import os
 import random
 from typing import Any, Callable
 
-import pyarrow as pa
 import pyarrow.compute as pc
 
 from .clock import TimeGenerator
 from .config import TableConfig
 from .errors import CommitError, InvalidOptionError
 from .filenames import base_file_name, data_file_path, make_token
+from .merge import one_row_per_key
 from .metadata_table import index_commit
 from .reader import iter_files
 from .scan import slices_by_group, table_view
 from .expr import supported_type
-from .schema import IS_DELETED_COL, RECORD_KEY_COL, file_schema, schema_from_json, schema_to_json
+from .schema import IS_DELETED_COL, file_schema, schema_from_json, schema_to_json
 from .storage import Storage
 from .timeline import (
     COMPACTION,
@@ -115,7 +115,8 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
                 out.write_table(piece, row_group_size=BASE_ROW_GROUP_ROWS)
                 update_stats(stats, piece, stat_columns)
                 rows += piece.num_rows
-                live = live and not pc.any(piece.column(IS_DELETED_COL)).as_py() and _one_row_per_key(piece)
+                live = (live and not pc.any(piece.column(IS_DELETED_COL)).as_py()
+                        and one_row_per_key(piece, config.record_key))
                 del piece  # not kept while the next piece is merged
             if out is None:  # no records: still a base file, the barrier
                 out = parquet_writer(sink, fschema)
@@ -126,15 +127,6 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
     storage.make_durable([rel])
     return {"partition": operation["partition"], "file_group": operation["file_group"], "name": name,
             "rows": rows, "bytes": size, "stats": stats, "live": bool(live)}
-
-
-def _one_row_per_key(piece: pa.Table) -> bool:
-    """The merge sorts by key, so a key's rows are adjacent: comparing neighbours finds a
-    repeat without the hash table of a distinct count (a few hundred MB for millions of keys)."""
-    keys = piece.column(RECORD_KEY_COL)
-    if len(keys) < 2:
-        return True
-    return not pc.any(pc.equal(keys.slice(1), keys.slice(0, len(keys) - 1))).as_py()
 
 
 def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: list[dict[str, Any]]) -> str | None:

@@ -57,6 +57,13 @@ def _group_starts(sorted_keys: Sequence[pa.ChunkedArray | pa.Array], n: int) -> 
     return boundary
 
 
+def one_row_per_key(merged: pa.Table, record_key: Sequence[str]) -> bool:
+    """Whether `merged` (a merge's output: sorted by key, so a key's rows are adjacent) holds
+    no key twice. Neighbours are compared, with no hash table of the keys."""
+    n = merged.num_rows
+    return n < 2 or bool(_group_starts([merged.column(k) for k in record_key], n).all())
+
+
 def _log_order(rows: pa.Table) -> np.ndarray:
     """Each row's rank in log order: (its commit instant, its position)."""
     n = rows.num_rows

@@ -269,15 +269,12 @@ def _range_piece_ids(column: pa.ChunkedArray | pa.Array, bounds: pa.Array) -> np
     return lo
 
 
-def _range_bounds(opened: list[_DataFile], key: str, key_type: pa.DataType, pieces: int) -> pa.Array | None:
-    """`pieces - 1` values of column `key` that split the files' rows into ranges of about equal
-    size, read from a sample of one row at a random place in every stride of rows (not the
+def _range_bounds(opened: list[_DataFile], total: int, key: str, key_type: pa.DataType,
+                  pieces: int) -> pa.Array | None:
+    """`pieces - 1` values of column `key` that split the files' `total` rows into ranges of about
+    equal size, read from a sample of one row at a random place in every stride of rows (not the
     stride's first: rows that alternate between sources would fool that); None if no such split
-    exists (a value holds too many rows)."""
-    if not (pa.types.is_integer(key_type) or pa.types.is_string(key_type) or pa.types.is_large_string(key_type)
-            or pa.types.is_date(key_type)):
-        return None  # the record key types (config.py); any other is hashed
-    total = sum(f.rows for f in opened)
+    exists (a value holds too many rows). Every record key type (config.py) has an order."""
     stride = max(1, total // (pieces * _SAMPLE_PER_PIECE))
     picks = np.arange(0, total, stride) + np.random.default_rng(0).integers(0, stride, -(-total // stride))
     picks = picks[picks < total]
@@ -306,9 +303,9 @@ def _spilled_pieces(opened: list[_DataFile], fschema: pa.Schema, record_key: Seq
     """Split the files' rows by key into `pieces` temporary Arrow IPC files, keeping log order
     within each, then hand them back one at a time. With `in_key_order` (compaction: the base
     file is then sorted as a whole) the pieces are key ranges, handed back in key order."""
-    first = record_key[0]
-    bounds = _range_bounds(opened, first, fschema.field(first).type, pieces) if in_key_order else None
-    share = sum(f.rows for f in opened) / pieces
+    first, total = record_key[0], sum(f.rows for f in opened)
+    bounds = _range_bounds(opened, total, first, fschema.field(first).type, pieces) if in_key_order else None
+    share = total / pieces
 
     def by_hash(n: int) -> Callable[[pa.Table], np.ndarray]:
         return lambda rows: _hash_piece_ids(rows, record_key, n)
