@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import threading
 import uuid
 from pathlib import Path
 
@@ -39,38 +38,13 @@ def spark():
     session.stop()
 
 
-def _atomic_conditional_writes(response_class) -> None:
-    """moto (5.2.5) checks If-None-Match and then stores the object in two unlocked steps, one
-    request per server thread: two racing conditional writes can both succeed, which S3 never
-    allows (a 16-thread race got 2 winners in 60 runs). Serialise its object writes, a PUT and
-    the POST that completes a multipart upload, so the fake decides them atomically like S3."""
-    lock = threading.Lock()
-    for name in ("put_object", "_key_response_post"):
-        unlocked = getattr(response_class, name)
-
-        def locked(self, *args, _unlocked=unlocked, **kwargs):
-            with lock:
-                return _unlocked(self, *args, **kwargs)
-
-        setattr(response_class, name, locked)
-
-
 @pytest.fixture(scope="session")
 def s3_server():
     """A moto S3 server on 127.0.0.1 (a random free port), with one bucket."""
-    from moto.s3.responses import S3Response
-    from moto.server import ThreadedMotoServer
-    import s3fs
+    from moto_s3 import start_server
 
-    _atomic_conditional_writes(S3Response)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    options = {"key": "testing", "secret": "testing", "endpoint_url": endpoint}
-    fs = s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": endpoint})
-    fs.mkdir("nbcc-tests")
-    yield {"endpoint_url": endpoint, "bucket": "nbcc-tests", "storage_options": options}
+    server, options = start_server("nbcc-tests")
+    yield {"endpoint_url": options["endpoint_url"], "bucket": "nbcc-tests", "storage_options": options}
     server.stop()
 
 

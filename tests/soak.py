@@ -856,15 +856,9 @@ def make_spark(work: Path):
 
 def start_moto() -> tuple[Any, dict[str, Any], str]:
     """A moto S3 server on 127.0.0.1 (a free port) with one bucket: (server, options, bucket)."""
-    from moto.server import ThreadedMotoServer
-    import s3fs
+    from moto_s3 import start_server
 
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    options = {"key": "testing", "secret": "testing", "endpoint_url": f"http://{host}:{port}"}
-    s3fs.S3FileSystem(key="testing", secret="testing", client_kwargs={"endpoint_url": options["endpoint_url"]}).mkdir("nbcc-soak")
+    server, options = start_server("nbcc-soak")
     return server, options, "nbcc-soak"
 
 
