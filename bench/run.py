@@ -17,6 +17,8 @@ a warm-up; each comparison is a ratio measured in the same run, its two sides ru
  8 planning a read of a table with N commits (before/after archival, with and without the
    metadata table), in a fresh process
  9 peak memory of one process merging one large file slice
+10 time travel and incremental reads (latest state, CDC) through the Python API vs deltalake's
+   versions and change data feed, on the same table history as 4 and 5
 """
 
 from __future__ import annotations
@@ -663,6 +665,69 @@ class Bench:
                     figures, "< 1.5 GB, both",
                     figures["peak_rss_gb"] < 1.5 and figures["compaction_peak_rss_gb"] < 1.5)
 
+    def s10_time_travel_vs_delta(self):
+        """The table history of (4) and (5), a base of --rows rows and 5 upserts of 10%, in nbcc
+        and in Delta (deltalake, change data feed on: a write, then the same 5 merges), read as of
+        the first and the next-to-last version, and the last commit's changes."""
+        import deltalake
+
+        uri = self.mor_table()
+        delta_uri = str(self.work / "s10-delta")
+        if not Path(delta_uri).exists():
+            deltalake.write_deltalake(delta_uri, make_rows(self.n), configuration={"delta.enableChangeDataFeed": "true"})
+            for i in range(5):
+                (deltalake.DeltaTable(delta_uri)
+                 .merge(upsert_batch(self.n, 0.10, seed=10 + i, ts=10 + i), predicate="t.id = s.id",
+                        source_alias="s", target_alias="t")
+                 .when_matched_update_all().when_not_matched_insert_all().execute())
+        done = [i.completion for i in nbcc.Table.open(uri).timeline()
+                if i.state == "completed" and i.action == "deltacommit"]
+        first, before_last = done[0], done[-2]  # Delta's versions 0 and 4
+
+        def delta_cdf(version: int) -> pa.Table:
+            reader = deltalake.DeltaTable(delta_uri).load_cdf(starting_version=version, ending_version=version)
+            return pa.RecordBatchReader.from_stream(reader).read_all()
+
+        reads: dict[str, Callable[[], Any]] = {
+            "nbcc_as_of": lambda: nbcc.Table.open(uri).read(as_of=before_last),
+            "delta_version": lambda: deltalake.DeltaTable(delta_uri, version=4).to_pyarrow_table(),
+            "nbcc_as_of_first": lambda: nbcc.Table.open(uri).read(as_of=first),
+            "delta_version_0": lambda: deltalake.DeltaTable(delta_uri, version=0).to_pyarrow_table(),
+            "nbcc_incremental": lambda: nbcc.Table.open(uri).read(query_type="incremental", begin=before_last),
+            "nbcc_cdc": lambda: nbcc.Table.open(uri).read(query_type="incremental", begin=before_last,
+                                                          incremental_format="cdc"),
+            "delta_cdf": lambda: delta_cdf(5),
+        }
+        # Like for like: the same states, and the same changes (Delta gives an update as two rows).
+        rows = {name: read().num_rows for name, read in reads.items()}
+        cdf_updates = rows["delta_cdf"] - rows["nbcc_cdc"]
+        if (rows["nbcc_as_of"], rows["nbcc_as_of_first"], rows["nbcc_cdc"] + cdf_updates) != \
+                (rows["delta_version"], rows["delta_version_0"], rows["delta_cdf"]) or cdf_updates <= 0:
+            raise RuntimeError(f"nbcc and deltalake read different rows: {rows}")
+        spark = self.spark
+        spark_as_of = spark.read.format("nbcc").option("as_of", before_last).load(uri)
+        spark_cdc = (spark.read.format("nbcc").option("query_type", "incremental").option("begin", before_last)
+                     .option("incremental_format", "cdc").load(uri))
+        t = paired_times({**reads, "nbcc_spark_as_of": lambda: consume(spark_as_of),
+                          "nbcc_spark_cdc": lambda: consume(spark_cdc)}, self.repeats)
+        figures = {f"{name}_s": round(v, 3) for name, v in t.items()}
+        figures.update({
+            "as_of_vs_delta": round(t["nbcc_as_of"] / t["delta_version"], 2),
+            "as_of_first_vs_delta": round(t["nbcc_as_of_first"] / t["delta_version_0"], 2),
+            "incremental_vs_delta_cdf": round(t["nbcc_incremental"] / t["delta_cdf"], 2),
+            "cdc_vs_delta_cdf": round(t["nbcc_cdc"] / t["delta_cdf"], 2),
+            "rows_as_of": rows["nbcc_as_of"], "rows_cdc": rows["nbcc_cdc"], "rows_delta_cdf": rows["delta_cdf"]})
+        self.record("10", "time travel and incremental reads (Python API) vs deltalake", figures,
+                    "none set (a peer comparison)", None,
+                    "the history of (4) and (5) in both formats: a base of the benchmark's rows, then 5 upserts "
+                    "of 10% (Delta: a write and 5 merges, change data feed on); as_of: the state before the "
+                    "last upsert (Delta's version 4), as_of_first: the base (version 0); incremental and cdc: "
+                    "the last upsert's changes, as each key's latest state and as nbcc's cdc rows (before and "
+                    "after in one row), against Delta's change data feed of version 5 (an update is two rows, "
+                    "its pre- and post-image); nbcc_spark_*: the same as_of and cdc reads through Spark. "
+                    "nbcc merges a state on read, Delta merged it on write (the merges rewrote the files the "
+                    "upserts touched) and wrote each merge's changes to change data files as it went")
+
     def write_results(self) -> None:
         (HERE / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
         lines = [
@@ -677,10 +742,11 @@ class Bench:
             "| # | scenario | figures | target | result |",
             "|---|---|---|---|---|",
         ]
-        for key, s in sorted(self.results["scenarios"].items()):
+        for key, s in sorted(self.results["scenarios"].items(), key=lambda kv: int(kv[0])):
             figs = ", ".join(f"{k} {v}" for k, v in s["figures"].items())
             lines.append(f"| {key} | {s['title']} | {figs} | {s['target']} | {status_text(s)} |")
-        notes = [f"- ({k}) {s['note']}" for k, s in sorted(self.results["scenarios"].items()) if s.get("note")]
+        notes = [f"- ({k}) {s['note']}" for k, s in sorted(self.results["scenarios"].items(), key=lambda kv: int(kv[0]))
+                 if s.get("note")]
         if notes:
             lines += ["", "Notes:", *notes]
         analysis = HERE / "analysis.md"
@@ -692,6 +758,7 @@ class Bench:
 SCENARIOS = {
     "1": "s1_bulk_write", "2": "s2_upsert", "3": "s3_read_compacted", "4": "s4_read_mor",
     "5": "s5_incremental", "6": "s6_point_lookup", "7": "s7_concurrent_writers", "8": "s8_planning", "9": "s9_memory",
+    "10": "s10_time_travel_vs_delta",
 }
 
 

@@ -373,10 +373,11 @@ def _read_spilled(path: str) -> pa.Table:
 
 def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
                files: Sequence[str], include_meta: bool = False, compact: bool = False,
-               merged_already: bool = False, merge_rows: int | None = None) -> pa.Table:
+               merged_already: bool = False, merge_rows: int | None = None,
+               key_filter: pc.Expression | None = None) -> pa.Table:
     """`iter_files` as one table (for callers that need the whole file group at once)."""
     parts = list(iter_files(storage, config, schema, partition, files, include_meta, compact,
-                            merged_already, merge_rows))
+                            merged_already, merge_rows, key_filter=key_filter))
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 

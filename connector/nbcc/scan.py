@@ -530,10 +530,12 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
                                             end_files or (), stats, allowed):
             continue
         group_range = tuple(range_files.get((partition, fg), ()))
-        range_only = (not options.is_cdc and not reset and _range_outranks_older(
-            config, end_view.schema, partition, end_files or (), group_range, stats))
+        # For cdc too: the merge of the range's files alone is then the state at end of every
+        # key they touch, and only the state at begin needs the older files.
+        range_only = not reset and _range_outranks_older(
+            config, end_view.schema, partition, end_files or (), group_range, stats)
         files = group_range if range_only else tuple(end_files or ())
-        size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files)
+        size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files + tuple(begin_files or ()))
         plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, reset,
                                    range_only=range_only, bytes=size))
     return plan
@@ -585,8 +587,14 @@ def _range_outranks_older(config: TableConfig, schema: pa.Schema, partition: str
 
 # -- running a task ----------------------------------------------------------------------------
 
-def _merged(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str, files: Iterable[str]) -> pa.Table:
-    return read_files(storage, config, schema, partition, list(files), include_meta=True)
+def _merged(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str, files: Iterable[str],
+            keys: pa.Array | None = None) -> pa.Table:
+    """The merged records of `files` (with the meta columns if keys are matched on
+    `_nbcc_record_key`); only those whose match column value is in `keys`, if given."""
+    match = _match_column(config)
+    key_filter = None if keys is None else pc.field(match).isin(keys)
+    return read_files(storage, config, schema, partition, list(files), include_meta=match == RECORD_KEY_COL,
+                      key_filter=key_filter)
 
 
 def _with_meta(plan: ScanPlan, task: ScanTask, merged: pa.Table) -> pa.Table:
@@ -614,18 +622,20 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     key_predicates = [p for p in options.predicates if p.column in config.record_key]
     key_filter = None
     expr = conjunction([p for p in options.predicates if p.column not in config.record_key], options.arrow_filter)
+    match = _match_column(config)
     if options.query_type == INCREMENTAL and not task.range_only:  # else every key in the files changed
         keys = _touched_keys(storage, plan, task)
-        touched = pc.field(RECORD_KEY_COL).isin(keys)
+        touched = pc.field(match).isin(keys)
         # Each filter call hashes the key set again (once per file, or per spilled batch): with
         # a huge set, filter the merged rows once instead.
         if len(keys) <= _PRE_MERGE_KEY_SET:
             key_filter = touched
         else:
             expr = touched if expr is None else touched & expr
-    # Incremental reads keep the meta columns for the touched keys (`_nbcc_record_key`) and for a
-    # pyarrow filter, which may name them.
-    meta = options.query_type == INCREMENTAL and (not task.range_only or options.arrow_filter is not None)
+    # Incremental reads keep the meta columns for touched keys matched on `_nbcc_record_key`, and
+    # for a pyarrow filter, which may name them.
+    meta = options.query_type == INCREMENTAL and ((not task.range_only and match == RECORD_KEY_COL)
+                                                  or options.arrow_filter is not None)
     for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
                              include_meta=options.include_meta_columns or meta,
                              merged_already=task.merged_already, key_predicates=key_predicates,
@@ -643,17 +653,27 @@ def read_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
+def _match_column(config: TableConfig) -> str:
+    """The column that tells records' keys apart in an incremental read: a single key column's
+    own values (hashing an integer is cheaper than hashing its text, and the files' key text
+    need not be decoded), else `_nbcc_record_key`. Key types (string, integer, date) have one
+    text per value, so both select the same records."""
+    return config.record_key[0] if len(config.record_key) == 1 else RECORD_KEY_COL
+
+
 def _range_rows(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
-    """Record keys and instants written in the range to this file group."""
-    return read_columns(storage, task.partition, task.range_files, [RECORD_KEY_COL, COMMIT_TIME_COL])
+    """Record keys (the match column) and instants written in the range to this file group."""
+    return read_columns(storage, task.partition, task.range_files, [_match_column(plan.config), COMMIT_TIME_COL])
 
 
 def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:
-    keys = _range_rows(storage, plan, task).column(RECORD_KEY_COL)
+    """The distinct keys (the match column's values) that the range changed in this file group."""
+    match = _match_column(plan.config)
+    keys = _range_rows(storage, plan, task).column(match)
     if task.reset and task.begin_files:
         before = _merged(storage, plan.config, plan.schema, task.partition, task.begin_files)
-        keys = pa.chunked_array(keys.chunks + before.column(RECORD_KEY_COL).chunks, pa.string())
-    return pc.unique(keys.combine_chunks() if isinstance(keys, pa.ChunkedArray) else keys)
+        keys = pa.chunked_array(keys.chunks + before.column(match).chunks, keys.type)
+    return pc.unique(keys.combine_chunks())
 
 
 def _equal(b: pa.ChunkedArray, a: pa.ChunkedArray) -> pa.Array:
@@ -670,23 +690,35 @@ def _equal(b: pa.ChunkedArray, a: pa.ChunkedArray) -> pa.Array:
 
 def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     config, schema = plan.config, plan.schema
+    match = _match_column(config)
     rows = _range_rows(storage, plan, task)
     # When each key last changed: the greatest completion time among the range's commits.
     instants = rows.column(COMMIT_TIME_COL).combine_chunks().dictionary_encode()
     completions = pa.array([plan.change_completion[v] for v in instants.dictionary.to_pylist()], pa.string())
-    changed = pa.table({"k": rows.column(RECORD_KEY_COL), "c": completions.take(instants.indices)}) \
-        .group_by("k").aggregate([("c", "max")])
-    keys = changed.column("k").combine_chunks()
-    last_change = changed.column("c_max").combine_chunks()
-    before = _merged(storage, config, schema, task.partition, task.begin_files).select(list(schema.names) + [RECORD_KEY_COL])
-    after = _merged(storage, config, schema, task.partition, task.files).select(list(schema.names) + [RECORD_KEY_COL])
+    if len(completions) == 1:  # one commit wrote here (the usual consumer's range): no grouping
+        keys = pc.unique(rows.column(match).combine_chunks())
+        last_change = constant_strings(completions[0].as_py(), len(keys))
+    else:
+        changed = pa.table({"k": rows.column(match), "c": completions.take(instants.indices)}) \
+            .group_by("k").aggregate([("c", "max")])
+        keys = changed.column("k").combine_chunks()
+        last_change = changed.column("c_max").combine_chunks()
+    # Only the changed keys' records are merged (a merge is per key): a small change to a large
+    # file group no longer merges the whole group twice. After an overwrite every key at begin
+    # changed, and a huge key set is cheaper to look up in the merged rows than in every file's.
+    only = None if task.reset or len(keys) > _PRE_MERGE_KEY_SET else keys
+    columns = list(dict.fromkeys([*schema.names, match]))
+    before = _merged(storage, config, schema, task.partition, task.begin_files, only).select(columns)
+    # range_only: `files` are the range's files, which hold exactly the changed keys.
+    after = _merged(storage, config, schema, task.partition, task.files,
+                    None if task.range_only else only).select(columns)
     if task.reset:  # an overwrite in the range changed every earlier key
-        extra = pc.filter(before.column(RECORD_KEY_COL), pc.invert(pc.is_in(before.column(RECORD_KEY_COL), value_set=keys)))
+        extra = pc.filter(before.column(match), pc.invert(pc.is_in(before.column(match), value_set=keys)))
         keys = pa.concat_arrays([keys, extra.combine_chunks()])
         reset_time = plan.reset_completion
         last_change = pa.concat_arrays([last_change, constant_strings(reset_time, len(extra))])
-    b_idx = pc.index_in(keys, value_set=before.column(RECORD_KEY_COL).combine_chunks())
-    a_idx = pc.index_in(keys, value_set=after.column(RECORD_KEY_COL).combine_chunks())
+    b_idx = pc.index_in(keys, value_set=before.column(match).combine_chunks())
+    a_idx = pc.index_in(keys, value_set=after.column(match).combine_chunks())
     b_rows, a_rows = before.take(b_idx), after.take(a_idx)
     has_b, has_a = b_idx.is_valid(), a_idx.is_valid()
     same = pc.and_(has_b, has_a)
