@@ -983,59 +983,80 @@ _CDC_KEYS = {  # a key kind: (schema of the key columns, record_key, the key of 
 }
 
 
-@pytest.mark.parametrize("stale_update", [False, True], ids=["range-outranks", "stale-update"])
+@pytest.mark.parametrize("case", ["range-outranks", "stale-update", "overwrite"])
 @pytest.mark.parametrize("pre_merge_key_set", [100_000, 0], ids=["filter-files", "filter-merged"])
 @pytest.mark.parametrize("kind", list(_CDC_KEYS))
 def test_cdc_of_a_few_changes_to_a_compacted_file_group_matches_the_states_at_begin_and_end(
-        tmp_path, monkeypatch, kind, pre_merge_key_set, stale_update):
+        tmp_path, monkeypatch, kind, pre_merge_key_set, case):
     # A cdc read merges only the changed keys' records: the range's files alone when they
     # outrank the older ones, else every file cut down to the changed keys (before or after the
-    # merge). Whichever way, each row must be what the snapshots as of begin and end say.
+    # merge); after an overwrite, every key of the earlier state. Whichever way, each row must be
+    # what the snapshots as of begin and end say, stamped with the last commit that touched it.
     import nbcc.scan
 
     monkeypatch.setattr(nbcc.scan, "_PRE_MERGE_KEY_SET", pre_merge_key_set)
     fields, record_key, key_of = _CDC_KEYS[kind]
+    key_names = [f.name for f in fields]
     schema = pa.schema(fields + [pa.field("v", pa.string()), pa.field("ts", pa.int64())])
-    table = nbcc.Table.create(str(tmp_path / "t"), schema, record_key, ordering_field="ts", buckets=2)
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, record_key, ordering_field="ts", buckets=8)
+    writes: list[tuple[str, list[int]]] = []  # the range's commits: (completion, ids written)
 
-    def rows(ids, v, ts):
-        return pa.Table.from_pylist([{**key_of(i), "v": f"{v}{i}", "ts": ts} for i in ids], schema=schema)
+    def key(i: int) -> tuple:
+        return tuple(key_of(i)[n] for n in key_names)
 
-    table.write(rows(range(40), "a", 5))
+    def write(ids, v, ts, **kwargs) -> str:
+        rows = pa.Table.from_pylist([{**key_of(i), "v": f"{v}{i}", "ts": ts} for i in ids], schema=schema)
+        instant = table.write(rows, **kwargs)
+        done = next(i.completion for i in table.timeline() if i.instant == instant)
+        writes.append((done, list(ids)))
+        return done
+
+    write(range(40), "a", 5)
     assert table.compact() is not None
-    begin = table.write(rows([3, 4], "b", 6))
-    begin = next(i.completion for i in table.timeline() if i.instant == begin)
-    # The range: two upserts (updates, inserts, one update that loses if stale) and a delete.
-    table.write(rows([1, 7, 40, 41], "c", 7))
-    if stale_update:
-        table.write(rows([9], "old", 1))  # an older ts: it loses to the base's record of key 9
-    table.write(rows([7, 12], "", 8), operation="delete")
-    table.write(rows([41], "d", 9))
-    changed_ids = [1, 7, 40, 41, 12] + ([9] if stale_update else [])
+    begin = write([3, 4], "b", 6)
+    writes.clear()
+    # The range: upserts (updates, inserts), a delete, and per case a stale update or an overwrite.
+    write([1, 7, 40, 41], "c", 7)
+    overwrite = None
+    if case == "stale-update":
+        write([9], "old", 1)  # an older ts: it loses to the base's record of key 9
+    if case == "overwrite":  # hides every earlier file; file groups with no new row are touched too
+        overwrite = write([3, 50], "o", 8, mode="overwrite")
+    write([7, 12, 50], "", 8, operation="delete")
+    write([41], "d", 9)
 
     kwargs = {"query_type": "incremental", "begin": begin, "incremental_format": "cdc"}
     tasks = table.plan(**kwargs).tasks
-    assert tasks and all(t.range_only for t in tasks) == (not stale_update)
-    key_names = [f.name for f in fields]
+    assert tasks and all(t.range_only for t in tasks) == (case == "range-outranks")
+    assert all(t.reset for t in tasks) == (case == "overwrite")
+    if case == "overwrite":  # 7 keys written in the range, 8 buckets: a file group only the overwrite touched
+        assert any(not t.range_files for t in tasks)
 
     def by_key(t: pa.Table) -> dict[tuple, dict]:
         return {tuple(r[k] for k in key_names): r for r in t.to_pylist()}
 
     before, after = by_key(table.read(as_of=begin)), by_key(table.read())
+    last_write: dict[tuple, str] = {}
+    for done, ids in writes:
+        for i in ids:
+            last_write[key(i)] = max(last_write.get(key(i), done), done)
+    touched = dict(last_write)
+    if overwrite is not None:
+        touched = {k: overwrite for k in before} | last_write
     expected = {}
-    for i in changed_ids:
-        k = tuple(key_of(i)[n] for n in key_names)
+    for k, last in touched.items():
         old, new = before.get(k), after.get(k)
         if old != new:
-            kind_of = "insert" if old is None else "delete" if new is None else "update"
-            expected[k] = (kind_of, old, new)
-    got = {tuple(r[k] for k in key_names): (r["_change_type"], r["before"], r["after"])
+            change = "insert" if old is None else "delete" if new is None else "update"
+            expected[k] = (change, last, old, new)
+    got = {tuple(r[k] for k in key_names): (r["_change_type"], r["_nbcc_completion_time"], r["before"], r["after"])
            for r in table.read(**kwargs).to_pylist()}
     assert got == expected
-    # The changes the range made, as the snapshots show them: not a vacuous comparison.
+    # The changes, as the snapshots show them: not a vacuous comparison.
     kinds = sorted(v[0] for v in expected.values())
-    assert kinds == ["delete", "delete", "insert", "insert", "update"]
+    if case == "overwrite":  # 39 of the 40 keys hidden, key 3 replaced, key 41 new
+        assert kinds == ["delete"] * 39 + ["insert", "update"]
+    else:
+        assert kinds == ["delete", "delete", "insert", "insert", "update"]
     latest = by_key(table.read(query_type="incremental", begin=begin))
-    assert latest == {k: after[k] for k in expected if k in after} | (
-        {tuple(key_of(9)[n] for n in key_names): after[tuple(key_of(9)[n] for n in key_names)]}
-        if stale_update else {})
+    assert latest == {k: after[k] for k in touched if k in after}

@@ -381,8 +381,15 @@ def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
-def read_columns(storage: Storage, partition: str, files: Sequence[str], columns: Sequence[str]) -> pa.Table:
-    """Some columns of `files`, concatenated (no merge)."""
+def read_columns(storage: Storage, partition: str, files: Sequence[str], columns: Sequence[str],
+                 types: pa.Schema | None = None) -> pa.Table:
+    """Some columns of `files`, concatenated (no merge). With `types` (fields named by
+    `columns`), each file's columns are cast to them, as a merge casts them (another writer may
+    store a narrower type, §4.2), and no file gives an empty table of those types; else an
+    empty table of strings."""
     arrow_fs = storage.arrow_filesystem()
     parts = [_read_parquet(storage, arrow_fs, partition, n, columns) for n in files]
+    if types is not None:
+        target = pa.schema([types.field(c) for c in columns])
+        parts = [p.select(list(columns)).cast(target) for p in parts] or [target.empty_table()]
     return pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in columns})

@@ -662,8 +662,12 @@ def _match_column(config: TableConfig) -> str:
 
 
 def _range_rows(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
-    """Record keys (the match column) and instants written in the range to this file group."""
-    return read_columns(storage, task.partition, task.range_files, [_match_column(plan.config), COMMIT_TIME_COL])
+    """Record keys (the match column) and instants written in the range to this file group
+    (none in a file group that only an overwrite in the range touched)."""
+    match = _match_column(plan.config)
+    types = pa.schema([plan.schema.field(match) if match in plan.schema.names else pa.field(match, pa.string()),
+                       pa.field(COMMIT_TIME_COL, pa.string())])
+    return read_columns(storage, task.partition, task.range_files, [match, COMMIT_TIME_COL], types)
 
 
 def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:
