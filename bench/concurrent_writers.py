@@ -160,9 +160,10 @@ def main() -> None:
     p.add_argument("--table", required=True)
     p.add_argument("--rows", type=int, required=True)
     p.add_argument("--work", required=True)
+    p.add_argument("--rounds", type=int, default=ROUNDS)
     a = p.parse_args()
     ones, fours, machine = [], [], []
-    for r in range(ROUNDS):  # every round on a fresh copy of the same table
+    for r in range(a.rounds):  # every round on a fresh copy of the same table
         for runs, writers in ((ones, 1), (fours, 4)):
             uri = f"{a.table}-{writers}-{r}"
             shutil.copytree(a.table, uri)
@@ -176,7 +177,7 @@ def main() -> None:
     deltalake.write_deltalake(delta_uri, make_rows(a.rows))
     delta = run(delta_writer, delta_uri, a.rows, 4)
     print(json.dumps({
-        "nbcc_commits": ROUNDS * 4 * COMMITS, "nbcc_failed": sum(o["failed"] for o in fours),
+        "nbcc_commits": a.rounds * 4 * COMMITS, "nbcc_failed": sum(o["failed"] for o in fours),
         "nbcc_retries": sum(o["retries"] for o in fours),
         "nbcc_lock_cas_races": sum(o["cas_conflicts"] for o in fours),
         "nbcc_rows_per_s_1_writer": round(one_rps), "nbcc_rows_per_s_4_writers": round(four_rps),

@@ -1,9 +1,9 @@
 """nbcc benchmarks: measured side by side with Spark's Parquet source, delta-rs and the hardware.
 
     python bench/run.py [--rows 2000000] [--repeats 5] [--only 1,2,...] [--commits 2000]
-                        [--slice-rows 10000000] [--scale-rows 20000000]
+                        [--slice-rows 10000000] [--scale-rows 20000000] [--writer-rounds 5] [--out bench]
 
-Writes bench/results.json and bench/results.md. Each figure is the median of `--repeats` runs after
+Writes results.json and results.md (in bench/ unless --out says otherwise). Each figure is the median of `--repeats` runs after
 a warm-up; each comparison is a ratio measured in the same run, its two sides run in turns
 (this machine's speed drifts, so absolute times from different runs do not compare). Scenarios (see README / issue 5):
  1 bulk write through Spark            vs df.write.parquet
@@ -578,7 +578,8 @@ class Bench:
         script = HERE / "concurrent_writers.py"
         base = self.fresh_copy("s7-base")
         out = subprocess.run([sys.executable, str(script), "--table", base, "--rows", str(self.n),
-                              "--work", str(self.work)], capture_output=True, text=True, timeout=1800)
+                              "--work", str(self.work), "--rounds", str(self.args.writer_rounds)],
+                             capture_output=True, text=True, timeout=1800)
         if out.returncode != 0:
             raise RuntimeError(out.stderr[-3000:])
         figures = json.loads(out.stdout.strip().splitlines()[-1])
@@ -741,8 +742,16 @@ class Bench:
                     "nbcc merges a state on read, Delta merged it on write (the merges rewrote the files the "
                     "upserts touched) and wrote each merge's changes to change data files as it went")
 
+    def run(self, keys: list[str]) -> None:
+        """Run the scenarios `keys` in turn, writing the results after each."""
+        for key in keys:
+            self.settle()
+            getattr(self, SCENARIOS[key.strip()])()
+            self.write_results()
+
     def write_results(self) -> None:
-        (HERE / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
+        out = Path(self.args.out)
+        (out / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
         lines = [
             "# nbcc benchmark results",
             "",
@@ -765,7 +774,7 @@ class Bench:
         analysis = HERE / "analysis.md"
         if analysis.exists():
             lines += ["", analysis.read_text().rstrip()]
-        (HERE / "results.md").write_text("\n".join(lines) + "\n")
+        (out / "results.md").write_text("\n".join(lines) + "\n")
 
 
 SCENARIOS = {
@@ -775,7 +784,7 @@ SCENARIOS = {
 }
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description="nbcc benchmarks")
     parser.add_argument("--rows", type=int, default=2_000_000)
     parser.add_argument("--repeats", type=int, default=5)
@@ -783,14 +792,18 @@ def main() -> None:
     parser.add_argument("--slice-rows", type=int, default=10_000_000)
     parser.add_argument("--scale-rows", type=int, default=20_000_000,
                         help="also measure (5) and (6) on tables of this many rows (0: not)")
+    parser.add_argument("--writer-rounds", type=int, default=5,
+                        help="(7): rounds of one and four writers, alternating (the figures are medians)")
     parser.add_argument("--only", default=",".join(SCENARIOS), help="comma-separated scenario numbers")
-    args = parser.parse_args()
+    parser.add_argument("--out", default=str(HERE), help="folder for results.json and results.md")
+    return parser.parse_args(argv)
+
+
+def main() -> None:
+    args = parse_args()
     bench = Bench(args)
     try:
-        for key in args.only.split(","):
-            bench.settle()
-            getattr(bench, SCENARIOS[key.strip()])()
-            bench.write_results()
+        bench.run(args.only.split(","))
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
 

@@ -1,0 +1,58 @@
+"""The benchmark harness (bench/run.py, `make bench`) runs every scenario end to end at a small
+size and writes its report, so it keeps working as the code changes. No timing is asserted:
+timings belong to the benchmark. What is asserted is what the harness reports about outcomes
+(every scenario measured, no failed commit or retry among concurrent writers) and what it checks
+itself (scenario 10 refuses to time nbcc and deltalake reads that return different rows)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+@pytest.fixture
+def bench_module(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import run
+
+    # The JVM's Arrow hand-over is warmed with 16M rows before timed writes; a smoke run needs none.
+    monkeypatch.setattr(run, "ARROW_WARMUP_ROWS", 0)
+    return run
+
+
+def test_every_benchmark_scenario_runs_and_reports(spark, bench_module, tmp_path, monkeypatch):
+    run = bench_module
+    args = run.parse_args(["--rows", "20000", "--repeats", "1", "--commits", "30", "--slice-rows", "50000",
+                           "--scale-rows", "40000", "--writer-rounds", "1", "--out", str(tmp_path)])
+    pushdown = "spark.sql.python.filterPushdown.enabled"
+    previous = spark.conf.get(pushdown, None)
+    spark.conf.set(pushdown, "true")  # as the bench's own session (and spark_conf/) sets it
+    committed = (BENCH / "results.json").read_bytes()
+    bench = run.Bench(args)
+    bench._spark = spark
+    run.floor.register(spark)
+    try:
+        bench.run(list(run.SCENARIOS))
+    finally:
+        shutil.rmtree(bench.work, ignore_errors=True)
+        if previous is None:
+            spark.conf.unset(pushdown)
+        else:
+            spark.conf.set(pushdown, previous)
+
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(results["scenarios"], key=int) == list(run.SCENARIOS)
+    for key, scenario in results["scenarios"].items():
+        assert scenario["figures"], f"scenario {key} reported no figures"
+    writers = results["scenarios"]["7"]["figures"]
+    assert writers["nbcc_commits"] == 4 * 16 and writers["nbcc_failed"] == 0 and writers["nbcc_retries"] == 0
+    report, analysis = (tmp_path / "results.md").read_text().split("## What limits each figure")  # analysis.md appended
+    rows = [line for line in report.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert [line.split("|")[1].strip() for line in rows] == list(run.SCENARIOS)
+    assert analysis.strip()
+    assert (BENCH / "results.json").read_bytes() == committed  # --out kept the committed results
