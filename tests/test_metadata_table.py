@@ -204,8 +204,9 @@ def rebuilt(tmp_path: Path, t: nbcc.Table) -> nbcc.Table:
 def count_metadata_reads(monkeypatch, uri: str) -> list[str]:
     """Instants of the data table whose commit metadata is read (cached or not)."""
     import nbcc.scan as scan
+    import nbcc.timeline as timeline
 
-    real = scan.read_commit_metadata
+    real = timeline.read_commit_metadata
     seen: list[str] = []
 
     def counting(storage, instant):
@@ -213,7 +214,8 @@ def count_metadata_reads(monkeypatch, uri: str) -> list[str]:
             seen.append(instant.instant)
         return real(storage, instant)
 
-    monkeypatch.setattr(scan, "read_commit_metadata", counting)
+    monkeypatch.setattr(scan, "read_commit_metadata", counting)  # one commit file at a time
+    monkeypatch.setattr(timeline, "read_commit_metadata", counting)  # read_commit_metadatas' reads
     return seen
 
 

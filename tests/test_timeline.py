@@ -17,6 +17,7 @@ from nbcc.timeline import (
     create_requested,
     parse_instant_file,
     read_commit_metadata,
+    read_commit_metadatas,
     remove_pending_files,
 )
 
@@ -217,3 +218,25 @@ def test_metadata_of_a_pending_instant_is_an_error(memory_uri):
     create_requested(st, T1, "deltacommit", {})
     with pytest.raises(CommitError):
         read_commit_metadata(st, Timeline.load(st).get(T1))
+
+
+def test_the_metadata_of_many_instants_is_each_instants_own_archived_or_not(any_table):
+    # On S3 the commit files are fetched concurrently (a plan of a long timeline waits for a
+    # sixteenth of the round trips); each instant must still get its own file, archived or not.
+    import pyarrow as pa
+
+    import nbcc
+
+    uri, opts = any_table
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", buckets=2, storage_options=opts)
+    written = [table.write(pa.table({"id": [i]})) for i in range(24)]
+    table.clean(retain_commits=8)
+    assert table.archive(retain_commits=8)["archived"] > 0
+    st = Storage(uri, opts)
+    completed = Timeline.load(st).completed()
+    assert {i.archived for i in completed} == {True, False}
+    metas = read_commit_metadatas(st, completed)
+    assert list(metas) == [i.instant for i in completed]
+    for instant in written:  # every data file a commit lists carries its instant in its name
+        names = [f["name"] for f in metas[instant]["files"]]
+        assert names and all(f"_{instant}." in n for n in names), (instant, names)

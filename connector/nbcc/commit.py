@@ -33,7 +33,7 @@ from .timeline import (
     create_completed,
     create_inflight,
     create_requested,
-    read_commit_metadata,
+    read_commit_metadatas,
     remove_pending_files,
 )
 
@@ -115,11 +115,12 @@ class WriteTransaction:
         """Two writers adding one column with different types is the one thing writers can
         disagree on; refuse the later commit rather than publish files no reader can combine."""
         mine = {n: self.schema.field(n).type for n in self.added_columns}
-        for inst in Timeline.load(self.storage).completed():
-            for f in read_commit_metadata(self.storage, inst).get("schema", []):
+        metas = read_commit_metadatas(self.storage, Timeline.load(self.storage).completed())
+        for inst_time, meta in metas.items():
+            for f in meta.get("schema", []):
                 if f["name"] in mine and f["type"] != type_to_json(mine[f["name"]]):
                     raise SchemaError(
-                        f"column {f['name']!r} was added as {f['type']} by commit {inst.instant} "
+                        f"column {f['name']!r} was added as {f['type']} by commit {inst_time} "
                         f"while this write added it as {mine[f['name']]}; cast it and write again"
                     )
 

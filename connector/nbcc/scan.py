@@ -54,6 +54,7 @@ from .timeline import (
     Timeline,
     earliest_retained,
     read_commit_metadata,
+    read_commit_metadatas,
     read_compaction_plan,
 )
 
@@ -182,16 +183,14 @@ def _new_schemas(metas: Iterable[Mapping[str, Any]]) -> Iterator[pa.Schema]:
 
 def _metadata(storage: Storage, completed: list[Instant], index: MetadataIndex | None) -> dict[str, dict[str, Any]]:
     if index is None or not index.has(FILES):
-        return {i.instant: read_commit_metadata(storage, i) for i in completed}
+        return read_commit_metadatas(storage, completed)
     metas = index.file_metas(completed)
     for i in completed:
-        if i.instant in metas:
-            continue
-        if i.action in (CLEAN, INDEXING):  # they add no files and no columns
+        if i.instant not in metas and i.action in (CLEAN, INDEXING):  # they add no files and no columns
             metas[i.instant] = {"files": []}
-        else:  # not (yet) indexed: a commit that completed after writing no entries
-            metas[i.instant] = read_commit_metadata(storage, i)
-    return metas
+    # Not (yet) indexed: commits that completed after writing no entries.
+    metas.update(read_commit_metadatas(storage, [i for i in completed if i.instant not in metas]))
+    return {i.instant: metas[i.instant] for i in completed}
 
 
 def _visible(inst: Instant, meta: Mapping[str, Any], cutoff: str | None) -> bool:
