@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
+import queue
 import shutil
 import statistics
 import sys
@@ -121,7 +122,14 @@ def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict
     time.sleep(2)  # let every process import and prepare its work
     t0 = time.perf_counter()
     start.set()
-    outs = [results.get() for _ in procs]
+    try:
+        # A process that died before reporting (an import error, out of memory) must not hang the run.
+        outs = [results.get(timeout=600) for _ in procs]
+    except queue.Empty:
+        codes = [p.exitcode for p in procs]
+        for p in procs:
+            p.kill()
+        raise RuntimeError(f"a process did not report within 600 s; exit codes {codes}") from None
     for p in procs:
         p.join()
     return t0, max(o["end"] for o in outs), outs

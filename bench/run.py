@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -641,13 +642,15 @@ class Bench:
             host, port = server.get_host_and_port()
             opts = {"key": "bench", "secret": "bench", "endpoint_url": f"http://{host}:{port}"}
             fs = s3fs.S3FileSystem(key="bench", secret="bench", client_kwargs={"endpoint_url": opts["endpoint_url"]})
-            fs.mkdir("bench")
-            fs.put(str(path / ".nbcc"), "bench/t/.nbcc", recursive=True)
+            # moto keeps its buckets per process, after its server stops: a fresh name each run.
+            bucket = f"bench-{uuid.uuid4().hex[:8]}"
+            fs.mkdir(bucket)
+            fs.put(str(path / ".nbcc"), f"{bucket}/t/.nbcc", recursive=True)
             code = ("import nbcc,time,sys,json; t=nbcc.Table.open(sys.argv[1], json.loads(sys.argv[3])); "
                     "s=time.perf_counter(); t.plan(use_metadata_table=sys.argv[2]=='true'); print(time.perf_counter()-s)")
 
             def cold(use: bool) -> float:
-                out = subprocess.run([sys.executable, "-c", code, "s3://bench/t", str(use).lower(), json.dumps(opts)],
+                out = subprocess.run([sys.executable, "-c", code, f"s3://{bucket}/t", str(use).lower(), json.dumps(opts)],
                                      capture_output=True, text=True, check=True)
                 return float(out.stdout)
 

@@ -239,24 +239,31 @@ def test_a_forked_child_makes_its_files_durable_after_its_parent_did(tmp_path):
     assert table.read().num_rows == 200
 
 
-def test_a_write_from_an_atexit_handler_commits(tmp_path):
-    """At interpreter shutdown no new threads may start, so the fsyncs run one after another
-    there: a job that writes its last rows from an atexit handler still commits them."""
+def test_a_write_from_an_atexit_handler_commits(any_table):
+    """At interpreter shutdown no new threads may start, so the fsyncs (local disk) and the
+    concurrent reads of commit files (S3) run one after another there: a job that writes its
+    last rows from an atexit handler still commits them."""
+    import json
     import subprocess
     import sys
     import textwrap
 
-    uri = str(tmp_path / "t")
+    uri, opts = any_table
+    data = _id_rows(0, 100)
+    table = nbcc.Table.create(uri, data.schema, "id", ordering_field="ts", buckets=4, storage_options=opts)
+    table.write(data)
+    table.write(_id_rows(100, 200))
+    # A fresh process has no commit file cached: its write at exit reads both to plan.
     script = textwrap.dedent("""
-        import atexit, sys
+        import atexit, json, sys
         import numpy as np, pyarrow as pa, nbcc
-        data = pa.table({"id": np.arange(100, dtype=np.int64), "ts": np.ones(100, dtype=np.int64)})
-        table = nbcc.Table.create(sys.argv[1], data.schema, "id", ordering_field="ts", buckets=4)
-        table.write(data)
-        atexit.register(lambda: table.write(data.set_column(0, "id", pa.array(np.arange(100, 200)))))
+        table = nbcc.Table.open(sys.argv[1], json.loads(sys.argv[2]))
+        ids = np.arange(200, 300, dtype=np.int64)
+        atexit.register(lambda: table.write(pa.table({"id": ids, "ts": np.ones(100, dtype=np.int64)})))
     """)
-    done = subprocess.run([sys.executable, "-c", script, uri], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", script, uri, json.dumps(opts)], capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0 and "Error" not in done.stderr, done.stderr
-    table = nbcc.Table.open(uri)
-    assert [i.state for i in table.timeline()] == ["completed", "completed"]
-    assert sorted(table.read().column("id").to_pylist()) == list(range(200))
+    table = nbcc.Table.open(uri, opts)
+    assert [i.state for i in table.timeline()] == ["completed"] * 3
+    assert sorted(table.read().column("id").to_pylist()) == list(range(300))

@@ -149,19 +149,28 @@ def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
     return meta
 
 
-_PARALLEL_READS = 16  # commit files fetched at once from object storage
+# Commit files fetched at once from object storage: s3fs's connection pool holds 10
+# (botocore's max_pool_connections), so more threads would only queue for a connection.
+_PARALLEL_READS = 10
 
 
 def read_commit_metadatas(storage: Storage, instants: Iterable[Instant]) -> dict[str, dict[str, Any]]:
     """`read_commit_metadata` of each of `instants`, by instant. On S3 every commit file not in
-    the cache is one request, a round trip each: they are fetched 16 at a time, so planning
-    from a long timeline waits for a sixteenth of the round trips (local files: one by one)."""
+    the cache is one request, a round trip each: those are fetched 10 at a time, so planning
+    from a long timeline waits for a tenth of the round trips (local files: one by one)."""
     instants = list(instants)
-    if storage.is_local or len(instants) < 2:
-        return {i.instant: read_commit_metadata(storage, i) for i in instants}
-    with ThreadPoolExecutor(max_workers=_PARALLEL_READS, thread_name_prefix="nbcc-read") as pool:
-        metas = list(pool.map(lambda i: read_commit_metadata(storage, i), instants))
-    return {i.instant: meta for i, meta in zip(instants, metas)}
+    with _CACHE_LOCK:
+        fetch = [i for i in instants if not i.archived and (storage.uri, i.file_name) not in _CACHE]
+    if len(fetch) >= 2 and not storage.is_local:
+        try:
+            with ThreadPoolExecutor(max_workers=min(_PARALLEL_READS, len(fetch)),
+                                    thread_name_prefix="nbcc-read") as pool:
+                list(pool.map(lambda i: read_commit_metadata(storage, i), fetch))  # fills the cache
+        except RuntimeError as exc:  # no new threads once the interpreter shuts down (atexit)
+            if "shutdown" not in str(exc):
+                raise
+    # Cache hits now, but for files beyond the cache's size and a race with archival.
+    return {i.instant: read_commit_metadata(storage, i) for i in instants}
 
 
 # -- writing the instant lifecycle -------------------------------------------------------------
@@ -236,6 +245,7 @@ def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
 
 HISTORY_DIR = ".nbcc/history"
 _HISTORY_FILES: dict[tuple[str, str], list[Instant]] = {}
+_HISTORY_LOAD_LOCK = threading.Lock()
 # Metadata of archived instants: JSON text until first asked for (a plan from the metadata table
 # needs only the instants and completion times of the history, not thousands of parsed commits).
 _HISTORY_METADATA: dict[tuple[str, str], dict[str, Any] | str] = {}
@@ -252,14 +262,26 @@ def _archived_metadata(storage: Storage, instant: str) -> dict[str, Any]:
 
 def load_history(storage: Storage) -> list[Instant]:
     """Archived instants, from every history file (each read once per process: they never change)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     out: list[Instant] = []
     for name in sorted(storage.list_names(HISTORY_DIR)):
         if not name.endswith(".parquet"):
             continue
         key = (storage.uri, name)
+        with _CACHE_LOCK:
+            cached = _HISTORY_FILES.get(key)
+        if cached is None:
+            cached = _load_history_file(storage, name, key)
+        out.extend(cached)
+    return out
+
+
+def _load_history_file(storage: Storage, name: str, key: tuple[str, str]) -> list[Instant]:
+    """One history file's instants, read once even when threads that all found an instant
+    archived since their listing ask for it together."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    with _HISTORY_LOAD_LOCK:
         with _CACHE_LOCK:
             cached = _HISTORY_FILES.get(key)
         if cached is None:
@@ -273,8 +295,7 @@ def load_history(storage: Storage) -> list[Instant]:
                     _HISTORY_PLANS[(storage.uri, r["instant"])] = json.loads(r["plan"])
             with _CACHE_LOCK:
                 _HISTORY_FILES[key] = cached
-        out.extend(cached)
-    return out
+    return cached
 
 
 def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
