@@ -34,7 +34,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
@@ -163,6 +163,20 @@ def upsert_batch(n: int, frac: float, seed: int, ts: int) -> pa.Table:
     ids = np.concatenate([updates, inserts]).astype(np.int64)
     t = make_rows(len(ids), seed=seed, ts=ts)
     return t.set_column(0, "id", pa.array(ids)).set_column(1, "name", pa.array(np.char.add("upd-", ids.astype(str))))
+
+
+def mor_upserts(n: int) -> Iterator[pa.Table]:
+    """The 5 upserts of 10% that follow the base in (4), (5) and (10), one at a time."""
+    for i in range(5):
+        yield upsert_batch(n, 0.10, seed=10 + i, ts=10 + i)
+
+
+def delta_upsert(uri: str, batch: pa.Table) -> None:
+    """An upsert into a Delta table: deltalake's merge, update-all and insert-all by `id`."""
+    import deltalake
+
+    (deltalake.DeltaTable(uri).merge(batch, predicate="t.id = s.id", source_alias="s", target_alias="t")
+     .when_matched_update_all().when_not_matched_insert_all().execute())
 
 
 def connector_conf() -> dict[str, str]:
@@ -358,12 +372,7 @@ class Bench:
             shutil.copytree(delta_base, dst)
             state["delta"] = str(dst)
 
-        def delta_merge():
-            dt = deltalake.DeltaTable(state["delta"])
-            (dt.merge(batch, predicate="t.id = s.id", source_alias="s", target_alias="t")
-               .when_matched_update_all().when_not_matched_insert_all().execute())
-
-        delta_s = median_time(delta_merge, self.repeats, prep_delta)
+        delta_s = median_time(lambda: delta_upsert(state["delta"], batch), self.repeats, prep_delta)
         sdf.unpersist()
         met = py_s < delta_s and spark_s <= 2 * delta_s
         self.record("2", "upsert 10% of keys (half updates, half inserts)",
@@ -409,8 +418,8 @@ class Bench:
         if not path.exists():
             shutil.copytree(self.base_table(n), path)
             t = nbcc.Table.open(str(path))
-            for i in range(5):
-                t.write(upsert_batch(n, 0.10, seed=10 + i, ts=10 + i))
+            for batch in mor_upserts(n):
+                t.write(batch)
             if n == self.n:
                 pq.write_table(t.read(), self.work / "mor-final.parquet")
         return str(path)
@@ -680,11 +689,8 @@ class Bench:
         delta_uri = str(self.work / "s10-delta")
         if not Path(delta_uri).exists():
             deltalake.write_deltalake(delta_uri, make_rows(self.n), configuration={"delta.enableChangeDataFeed": "true"})
-            for i in range(5):
-                (deltalake.DeltaTable(delta_uri)
-                 .merge(upsert_batch(self.n, 0.10, seed=10 + i, ts=10 + i), predicate="t.id = s.id",
-                        source_alias="s", target_alias="t")
-                 .when_matched_update_all().when_not_matched_insert_all().execute())
+            for batch in mor_upserts(self.n):
+                delta_upsert(delta_uri, batch)
         done = [i.completion for i in nbcc.Table.open(uri).timeline()
                 if i.state == "completed" and i.action == "deltacommit"]
         first, before_last = done[0], done[-2]  # Delta's versions 0 and 4
@@ -767,11 +773,11 @@ class Bench:
             "| # | scenario | figures | target | result |",
             "|---|---|---|---|---|",
         ]
-        for key, s in sorted(self.results["scenarios"].items(), key=lambda kv: int(kv[0])):
+        scenarios = sorted(self.results["scenarios"].items(), key=lambda kv: int(kv[0]))
+        for key, s in scenarios:
             figs = ", ".join(f"{k} {v}" for k, v in s["figures"].items())
             lines.append(f"| {key} | {s['title']} | {figs} | {s['target']} | {status_text(s)} |")
-        notes = [f"- ({k}) {s['note']}" for k, s in sorted(self.results["scenarios"].items(), key=lambda kv: int(kv[0]))
-                 if s.get("note")]
+        notes = [f"- ({k}) {s['note']}" for k, s in scenarios if s.get("note")]
         if notes:
             lines += ["", "Notes:", *notes]
         analysis = HERE / "analysis.md"

@@ -391,5 +391,5 @@ def read_columns(storage: Storage, partition: str, files: Sequence[str], columns
     parts = [_read_parquet(storage, arrow_fs, partition, n, columns) for n in files]
     if types is not None:
         target = pa.schema([types.field(c) for c in columns])
-        parts = [p.select(list(columns)).cast(target) for p in parts] or [target.empty_table()]
+        parts = [_aligned(p, target) for p in parts] or [target.empty_table()]
     return pa.concat_tables(parts) if parts else pa.table({c: pa.array([], pa.string()) for c in columns})

@@ -41,7 +41,7 @@ from .index_view import MetadataIndex, load_index
 from .metadata_table import COLUMN_STATS, FILES, KEY_FILTERS
 from .partitions import parse_partition_path
 from .reader import iter_files, read_columns, read_files
-from .schema import COMMIT_TIME_COL, RECORD_KEY_COL, constant_strings, merge_added_columns, schema_from_json
+from .schema import COMMIT_TIME_COL, RECORD_KEY_COL, constant_strings, file_schema, merge_added_columns, schema_from_json
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -663,10 +663,8 @@ def _match_column(config: TableConfig) -> str:
 def _range_rows(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     """Record keys (the match column) and instants written in the range to this file group
     (none in a file group that only an overwrite in the range touched)."""
-    match = _match_column(plan.config)
-    types = pa.schema([plan.schema.field(match) if match in plan.schema.names else pa.field(match, pa.string()),
-                       pa.field(COMMIT_TIME_COL, pa.string())])
-    return read_columns(storage, task.partition, task.range_files, [match, COMMIT_TIME_COL], types)
+    return read_columns(storage, task.partition, task.range_files, [_match_column(plan.config), COMMIT_TIME_COL],
+                        file_schema(plan.schema))
 
 
 def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:

@@ -161,16 +161,18 @@ def read_commit_metadatas(storage: Storage, instants: Iterable[Instant]) -> dict
     instants = list(instants)
     with _CACHE_LOCK:
         fetch = [i for i in instants if not i.archived and (storage.uri, i.file_name) not in _CACHE]
+    fetched: dict[str, dict[str, Any]] = {}
     if len(fetch) >= 2 and not storage.is_local:
         try:
             with ThreadPoolExecutor(max_workers=min(_PARALLEL_READS, len(fetch)),
                                     thread_name_prefix="nbcc-read") as pool:
-                list(pool.map(lambda i: read_commit_metadata(storage, i), fetch))  # fills the cache
+                metas = pool.map(lambda i: read_commit_metadata(storage, i), fetch)
+                fetched = {i.instant: meta for i, meta in zip(fetch, metas)}
         except RuntimeError as exc:  # no new threads once the interpreter shuts down (atexit)
             if "shutdown" not in str(exc):
                 raise
-    # Cache hits now, but for files beyond the cache's size and a race with archival.
-    return {i.instant: read_commit_metadata(storage, i) for i in instants}
+    return {i.instant: fetched[i.instant] if i.instant in fetched else read_commit_metadata(storage, i)
+            for i in instants}
 
 
 # -- writing the instant lifecycle -------------------------------------------------------------
