@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from test_pushdown import pushdown
 
 BENCH = Path(__file__).resolve().parents[1] / "bench"
 
@@ -25,24 +26,18 @@ def bench_module(monkeypatch):
     return run
 
 
-def test_every_benchmark_scenario_runs_and_reports(spark, bench_module, tmp_path, monkeypatch):
+def test_every_benchmark_scenario_runs_and_reports(spark, bench_module, tmp_path):
     run = bench_module
     args = run.parse_args(["--rows", "20000", "--repeats", "1", "--commits", "30", "--slice-rows", "50000",
                            "--scale-rows", "40000", "--writer-rounds", "1", "--out", str(tmp_path)])
-    pushdown = "spark.sql.python.filterPushdown.enabled"
-    previous = spark.conf.get(pushdown, None)
-    spark.conf.set(pushdown, "true")  # as the bench's own session (and spark_conf/) sets it
     bench = run.Bench(args)
     bench._spark = spark
     run.floor.register(spark)
     try:
-        bench.run(list(run.SCENARIOS))
+        with pushdown(spark, True):  # as the bench's own session (and spark_conf/) sets it
+            bench.run(list(run.SCENARIOS))
     finally:
         shutil.rmtree(bench.work, ignore_errors=True)
-        if previous is None:
-            spark.conf.unset(pushdown)
-        else:
-            spark.conf.set(pushdown, previous)
 
     results = json.loads((tmp_path / "results.json").read_text())
     assert sorted(results["scenarios"], key=int) == list(run.SCENARIOS)
