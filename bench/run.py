@@ -626,23 +626,17 @@ class Bench:
                     {"before_archival_s": round(before, 3), "before_archival_with_metadata_table_s": round(before_mdt, 3),
                      **on_s3,
                      "after_archival_s": round(after, 3), "after_archival_with_metadata_table_s": round(after_mdt, 3),
-                     "build_index_s": round(index_s, 3), "plan_processes_aborted_at_exit": self.aborted_at_exit},
+                     "build_index_s": round(index_s, 3)},
                     "< 1 s", max(after, after_mdt) < 1,
                     "with the metadata table the plan reads no commit file: it lists the timeline and reads "
                     "the metadata table's few files; s3_* figures: the same table's .nbcc/ on S3 (moto on "
                     "loopback), before archival")
 
-    aborted_at_exit = 0  # (8)'s plan processes that printed their time, then died by a signal
-
-    def _timed_child(self, args: list[str]) -> float:
-        """The time a fresh `python -c args...` process prints. A process that printed it and then
-        died by a signal is counted, not failed: a plan process can abort at interpreter exit,
-        after its plan ("terminate called without an active exception", a pyarrow thread;
-        about 1 in 50 here after archival, in old code too), which is a bug of its own."""
+    @staticmethod
+    def _timed_child(args: list[str]) -> float:
+        """The time a fresh `python -c args...` process prints."""
         out = subprocess.run([sys.executable, "-c", *args], capture_output=True, text=True)
-        if out.returncode < 0 and out.stdout.strip():
-            self.aborted_at_exit += 1
-        elif out.returncode != 0:
+        if out.returncode != 0:
             raise RuntimeError(f"a plan process failed ({out.returncode}): {out.stderr[-2000:]}")
         return float(out.stdout)
 

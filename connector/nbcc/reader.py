@@ -61,14 +61,11 @@ def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
     )
 
 
-def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str,
-                  columns: Sequence[str] | None = None) -> pa.Table:
-    """The file's rows; with `columns`, only those of them the file has (a column added to the
-    table later is absent from older files)."""
+def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str, columns: Sequence[str]) -> pa.Table:
+    """Those of `columns` the file has (a column added to the table later is absent from older
+    files)."""
     rel = data_file_path(partition, name)
     try:
-        if columns is None:
-            return pq.read_table(storage.full_path(rel), filesystem=arrow_fs)
         with arrow_fs.open_input_file(storage.full_path(rel)) as source:
             pf = pq.ParquetFile(source)
             present = set(pf.schema_arrow.names)

@@ -280,14 +280,13 @@ def load_history(storage: Storage) -> list[Instant]:
 def _load_history_file(storage: Storage, name: str, key: tuple[str, str]) -> list[Instant]:
     """One history file's instants, read once even when threads that all found an instant
     archived since their listing ask for it together."""
-    import pyarrow as pa
     import pyarrow.parquet as pq
 
     with _HISTORY_LOAD_LOCK:
         with _CACHE_LOCK:
             cached = _HISTORY_FILES.get(key)
         if cached is None:
-            rows = pq.read_table(pa.BufferReader(storage.read_bytes(f"{HISTORY_DIR}/{name}"))).to_pylist()
+            rows = pq.ParquetFile(_arrow_owned(storage.read_bytes(f"{HISTORY_DIR}/{name}"))).read().to_pylist()
             cached = []
             for r in rows:
                 cached.append(Instant(r["instant"], r["action"], r["state"], r["completion"], archived=True))
@@ -298,6 +297,19 @@ def _load_history_file(storage: Storage, name: str, key: tuple[str, str]) -> lis
             with _CACHE_LOCK:
                 _HISTORY_FILES[key] = cached
     return cached
+
+
+def _arrow_owned(data: bytes) -> "pa.BufferReader":
+    """`data` copied into memory Arrow owns. A reader over the Python bytes themselves lets
+    Arrow's worker threads hold the last reference to a Python object; one that drops it after
+    the interpreter began to exit needs the GIL and aborts the process ("terminate called
+    without an active exception"). ParquetFile, not read_table: read_table's dataset scanner
+    finishes its clean-up on those threads after it returns."""
+    import pyarrow as pa
+
+    buf = pa.allocate_buffer(len(data))
+    pa.FixedSizeBufferWriter(buf).write(data)
+    return pa.BufferReader(buf)
 
 
 def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
