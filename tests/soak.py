@@ -399,9 +399,12 @@ class StreamWriter:
         self.fed += 1
 
     def completed_batches(self) -> int:
-        """Micro-batches Spark recorded as done (each one file, so one nbcc commit)."""
+        """Micro-batches Spark recorded as done (each one file, so one nbcc commit): the last
+        batch id in the commit log, plus one. Not the number of its files: Spark deletes all but
+        the last 100 (spark.sql.streaming.minBatchesToRetain)."""
         folder = self.checkpoint / "commits"
-        return sum(1 for n in os.listdir(folder) if n.isdigit()) if folder.exists() else 0
+        ids = [int(n) for n in os.listdir(folder) if n.isdigit()] if folder.exists() else []
+        return max(ids) + 1 if ids else 0
 
     def _feed(self) -> None:
         try:
