@@ -469,3 +469,37 @@ def test_data_file_reads_retry_transient_errors_and_resume_where_they_failed(fau
     faulty.faults.plan("read_data", *[BEFORE] * faulty.RETRY_ATTEMPTS)
     with pytest.raises(StorageError, match="read .*data/f.parquet"):
         pq.read_table(faulty.full_path("data/f.parquet"), filesystem=fs)
+
+
+def test_data_reads_through_fsspec_leave_no_python_buffer_to_arrow_threads(memory_uri, monkeypatch):
+    # On S3 and memory:// Arrow reads data files through Python: each read returns Python bytes.
+    # An Arrow thread still holding one after the read returned drops it later and needs the GIL
+    # for that; once the interpreter has begun to exit, that aborts the process after its work
+    # is done ("terminate called without an active exception"). So no such buffer may be
+    # released on a thread Python did not start (threading calls those dummy threads), by a
+    # snapshot read, a read of a few row groups, a change read or a compaction.
+    import gc
+
+    import nbcc
+    from nbcc import storage as storage_module
+
+    released_by_python: list[bool] = []
+
+    class Tracked(bytes):
+        def __del__(self):
+            released_by_python.append(not isinstance(threading.current_thread(), threading._DummyThread))
+
+    real_read = storage_module._RetryingReader.read
+    monkeypatch.setattr(storage_module._RetryingReader, "read", lambda self, size=-1: Tracked(real_read(self, size)))
+    table = nbcc.Table.create(memory_uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id", buckets=2)
+    for c in range(3):
+        table.write(pa.table({"id": list(range(c * 1000, c * 1000 + 20_000)), "v": [f"v{c}"] * 20_000}))
+    first = table.timeline()[0].instant
+    for _ in range(20):
+        assert table.read().num_rows == 22_000
+        assert table.read(filter=("id", "=", 5)).num_rows == 1
+        assert table.read(query_type="incremental", begin=first, incremental_format="cdc").num_rows > 0
+    table.compact()
+    assert table.read().num_rows == 22_000
+    gc.collect()
+    assert released_by_python and all(released_by_python), released_by_python.count(False)

@@ -263,8 +263,9 @@ def test_processes_that_read_the_archived_timeline_exit_cleanly(tmp_path):
     # Reading a history file used to leave pyarrow worker threads holding the Python bytes
     # they parsed; one that let go of them while the interpreter was exiting aborted the
     # process (status 134, "terminate called without an active exception") after its work
-    # was done: about 2 in 5 such processes here. Each child reads the history from a cold
-    # cache 20 times, as 20 fresh processes would, then exits at once.
+    # was done. Each child reads the history from a cold cache 20 times, then exits at once:
+    # with one read per process the race shows too rarely to test; with 20, the old code
+    # aborted 5-40% of the children (machines differ), so 8 children catch it most times.
     import subprocess
     import sys
 

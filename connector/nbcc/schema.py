@@ -215,5 +215,11 @@ def constant_strings(value: str, n: int) -> pa.Array:
     data = value.encode()
     if (n + 1) * len(data) >= 2**31:  # past 32-bit offsets: let Arrow build (or refuse) it
         return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([value])).cast(pa.string())
-    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(data))
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
+    # Written into buffers Arrow owns, not wrapped around NumPy's or Python's memory: an Arrow
+    # thread (a filter's, after it returned) must never hold the last reference to a Python
+    # object, since releasing it needs the GIL and aborts a process that is already exiting.
+    offsets, chars = pa.allocate_buffer(4 * (n + 1)), pa.allocate_buffer(max(n * len(data), 1))
+    np.multiply(np.arange(n + 1, dtype=np.int32), np.int32(len(data)), out=np.frombuffer(offsets, np.int32))
+    if data:
+        np.frombuffer(chars, np.uint8)[: n * len(data)].reshape(n, len(data))[:] = np.frombuffer(data, np.uint8)
+    return pa.Array.from_buffers(pa.string(), n, [None, offsets, chars])
