@@ -61,29 +61,15 @@ def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
     )
 
 
-def _arrow_threads(storage: Storage) -> bool:
-    """Whether Arrow may read a data file ahead and decode it on its own threads: only from
-    local disk. Through the fsspec filesystem (S3, memory) every read returns Python bytes, and
-    Arrow's threads can hold them past the call; one that drops the last of them after the
-    interpreter began to exit needs the GIL, and the process aborts ("terminate called without
-    an active exception") after its work is done. Without pre-buffering or threads, every such
-    buffer is read and released on the calling thread."""
-    return storage.is_local
-
-
-def _parquet_file(storage: Storage, source: Any, **options: Any) -> pq.ParquetFile:
-    return pq.ParquetFile(source, pre_buffer=_arrow_threads(storage), **options)
-
-
 def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str, columns: Sequence[str]) -> pa.Table:
     """Those of `columns` the file has (a column added to the table later is absent from older
     files)."""
     rel = data_file_path(partition, name)
     try:
         with arrow_fs.open_input_file(storage.full_path(rel)) as source:
-            pf = _parquet_file(storage, source)
+            pf = storage.parquet_file(source)
             present = set(pf.schema_arrow.names)
-            return pf.read(columns=[c for c in columns if c in present], use_threads=_arrow_threads(storage))
+            return pf.read(columns=[c for c in columns if c in present], use_threads=storage.arrow_threads)
     except Exception as exc:  # noqa: BLE001 - every failure must name the file
         raise _fail(storage, rel, exc) from exc
 
@@ -96,10 +82,9 @@ class _DataFile:
     def __init__(self, storage: Storage, arrow_fs: Any, partition: str, name: str, stack: contextlib.ExitStack,
                  read_dictionary: Sequence[str] | None = None, prune_by: Sequence[Predicate] = ()):
         self.storage, self.rel = storage, data_file_path(partition, name)
-        self.threads = _arrow_threads(storage)
         try:
-            self.pf = _parquet_file(storage, stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))),
-                                    read_dictionary=read_dictionary)
+            self.pf = storage.parquet_file(stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))),
+                                           read_dictionary=read_dictionary)
             self.row_groups = _row_groups_to_read(self.pf.metadata, prune_by)
         except Exception as exc:  # noqa: BLE001
             raise _fail(storage, self.rel, exc) from exc
@@ -115,15 +100,16 @@ class _DataFile:
     def read(self, columns: Sequence[str] | None = None) -> pa.Table:
         try:
             if self.row_groups is None:
-                return self.pf.read(columns=self._columns(columns), use_threads=self.threads)
-            return self.pf.read_row_groups(self.row_groups, columns=self._columns(columns), use_threads=self.threads)
+                return self.pf.read(columns=self._columns(columns), use_threads=self.storage.arrow_threads)
+            return self.pf.read_row_groups(self.row_groups, columns=self._columns(columns),
+                                           use_threads=self.storage.arrow_threads)
         except Exception as exc:  # noqa: BLE001
             raise _fail(self.storage, self.rel, exc) from exc
 
     def batches(self, columns: Sequence[str] | None = None, rows: int = _SPILL_BATCH_ROWS) -> Iterator[pa.Table]:
         try:
             for batch in self.pf.iter_batches(batch_size=rows, row_groups=self.row_groups,
-                                              columns=self._columns(columns), use_threads=self.threads):
+                                              columns=self._columns(columns), use_threads=self.storage.arrow_threads):
                 yield pa.Table.from_batches([batch])
         except Exception as exc:  # noqa: BLE001
             raise _fail(self.storage, self.rel, exc) from exc

@@ -32,6 +32,7 @@ from typing import Any, BinaryIO, Callable, Sequence, TypeVar
 import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
@@ -396,6 +397,26 @@ class Storage:
         if self.is_local:
             return pafs.LocalFileSystem()
         return self._retrying_arrow_filesystem()
+
+    @property
+    def arrow_threads(self) -> bool:
+        """Whether Arrow may read ahead and decode on its own threads a file opened through
+        `arrow_filesystem()`: only on local disk. Through fsspec (S3, memory) every read returns
+        Python bytes, and Arrow's threads can hold them past the call; one that drops the last
+        of them after the interpreter began to exit needs the GIL, and the process aborts
+        ("terminate called without an active exception") after its work is done. Without
+        pre-buffering or threads, every such buffer is read and released on the calling thread."""
+        return self.is_local
+
+    def parquet_file(self, source: pa.NativeFile, **options: Any) -> pq.ParquetFile:
+        """A Parquet file over `source`, opened with `arrow_filesystem()`; pre-buffered only
+        where `arrow_threads` allows. Pass `use_threads=self.arrow_threads` to its reads."""
+        return pq.ParquetFile(source, pre_buffer=self.arrow_threads, **options)
+
+    def read_parquet(self, rel: str) -> pa.Table:
+        """The whole Parquet file `rel` (a small one: it is read at once)."""
+        with self.arrow_filesystem().open_input_file(self.full_path(rel)) as source:
+            return self.parquet_file(source).read(use_threads=self.arrow_threads)
 
     def _retrying_arrow_filesystem(self) -> pafs.FileSystem:
         return pafs.PyFileSystem(_RetryingHandler(self))

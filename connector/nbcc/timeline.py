@@ -280,15 +280,13 @@ def load_history(storage: Storage) -> list[Instant]:
 def _load_history_file(storage: Storage, name: str, key: tuple[str, str]) -> list[Instant]:
     """One history file's instants, read once even when threads that all found an instant
     archived since their listing ask for it together."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     with _HISTORY_LOAD_LOCK:
         with _CACHE_LOCK:
             cached = _HISTORY_FILES.get(key)
         if cached is None:
-            data = _arrow_owned(storage.read_bytes(f"{HISTORY_DIR}/{name}"))
-            rows = pq.ParquetFile(pa.BufferReader(data)).read().to_pylist()
+            # Not parsed from read_bytes: Arrow's threads could hold those Python bytes past the
+            # read, and releasing them at interpreter exit aborts the process (Storage.arrow_threads).
+            rows = storage.read_parquet(f"{HISTORY_DIR}/{name}").to_pylist()
             cached = []
             for r in rows:
                 cached.append(Instant(r["instant"], r["action"], r["state"], r["completion"], archived=True))
@@ -299,19 +297,6 @@ def _load_history_file(storage: Storage, name: str, key: tuple[str, str]) -> lis
             with _CACHE_LOCK:
                 _HISTORY_FILES[key] = cached
     return cached
-
-
-def _arrow_owned(data: bytes) -> Any:
-    """`data` copied into a buffer Arrow owns. Arrow's threads may still hold a file's buffers
-    after a read returns (read_table's dataset scanner and ParquetFile's pre-buffering and
-    decoding both can); if one of them is Python's bytes, the thread that drops it needs the
-    GIL, and after the interpreter began to exit that aborts the process ("terminate called
-    without an active exception"). Buffers Arrow owns need no GIL to release."""
-    import pyarrow as pa
-
-    buf = pa.allocate_buffer(len(data))
-    pa.FixedSizeBufferWriter(buf).write(data)
-    return buf
 
 
 def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
