@@ -9,7 +9,9 @@ alike). nbcc writers never retry a commit; "retries" counts what the layers belo
 calls nbcc.storage retried after a transient error. Lock CAS races lost (a writer re-reading the
 lock and trying again, which is waiting, not a failed commit) are reported apart. deltalake: four
 processes run the same merges concurrently on a Delta table; we count the merges that fail with a
-commit conflict. Prints one JSON line.
+commit conflict. Four nbcc writers also do the same work each on a copy of the table of its own:
+what the machine allows four writer processes with nothing shared. Every timed span starts once
+each process has prepared its work, at one barrier. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import queue
 import shutil
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +65,7 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
     batches = writer_batches(rows, writer)
     warm_up(table, f"{uri}-warm-up-{writer}", batches[:WARM_UP_COMMITS])
     start.wait()
+    began = time.perf_counter()
     failed = 0
     for b in batches:
         try:
@@ -69,8 +73,8 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
         except Exception:  # noqa: BLE001 - counted
             failed += 1
     lock = table.clock.stats
-    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "end": time.perf_counter(),
-                 "retries": retries.count, "cas_conflicts": lock.cas_conflicts,
+    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "began": began,
+                 "end": time.perf_counter(), "retries": retries.count, "cas_conflicts": lock.cas_conflicts,
                  "lock_wait_ms": lock.total_wait_ms, "lock_hold_ms": lock.total_hold_ms})
 
 
@@ -92,46 +96,59 @@ def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
 
     batches = writer_batches(rows, writer)
     start.wait()
+    began = time.perf_counter()
     failed = 0
     for b in batches:
         try:
             delta_upsert(uri, b)
         except Exception:  # noqa: BLE001 - a commit conflict: the merge failed
             failed += 1
-    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "end": time.perf_counter(),
-                 "retries": 0, "cas_conflicts": 0, "lock_wait_ms": 0.0, "lock_hold_ms": 0.0})
+    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "began": began,
+                 "end": time.perf_counter(), "retries": 0, "cas_conflicts": 0, "lock_wait_ms": 0.0, "lock_hold_ms": 0.0})
 
 
 def _spin(n: int, start, results) -> None:
     start.wait()
+    began = time.perf_counter()
     x = 0
     for i in range(n):
         x += i
-    results.put({"end": time.perf_counter()})
+    results.put({"began": began, "end": time.perf_counter()})
 
 
 def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict]]:
-    """Run `target(*a, start, results)` for each `a` in its own process, released at once after
-    every process is up; (release time, last end time, what each put on `results`)."""
+    """Run `target(*a, start, results)` for each `a` in its own process, released at once once
+    every process has prepared its work (imports, batches, warm-up) and waits at the `start`
+    barrier; (first start, last end, what each put on `results`). Each process reports when it
+    began and ended (perf_counter is one system-wide monotonic clock on Linux), so the span is
+    the processes' own and no process's preparation can fall inside it: four processes
+    preparing on 2 cores took up to 2 s longer than one, which a fixed pause before the start
+    used to count as writing time."""
     ctx = mp.get_context("spawn")
-    start, results = ctx.Event(), ctx.Queue()
+    start, results = ctx.Barrier(len(args) + 1), ctx.Queue()
     procs = [ctx.Process(target=target, args=(*a, start, results)) for a in args]
     for p in procs:
         p.start()
-    time.sleep(2)  # let every process import and prepare its work
-    t0 = time.perf_counter()
-    start.set()
-    try:
-        # A process that died before reporting (an import error, out of memory) must not hang the run.
-        outs = [results.get(timeout=600) for _ in procs]
-    except queue.Empty:
+
+    def failed(what: str) -> RuntimeError:
         codes = [p.exitcode for p in procs]
         for p in procs:
             p.kill()
-        raise RuntimeError(f"a process did not report within 600 s; exit codes {codes}") from None
+        return RuntimeError(f"a process did not {what} within 600 s; exit codes {codes}")
+
+    # A process that died before the start or before reporting (an import error, out of memory)
+    # must not hang the run.
+    try:
+        start.wait(timeout=600)
+    except threading.BrokenBarrierError:
+        raise failed("get ready") from None
+    try:
+        outs = [results.get(timeout=600) for _ in procs]
+    except queue.Empty:
+        raise failed("report") from None
     for p in procs:
         p.join()
-    return t0, max(o["end"] for o in outs), outs
+    return min(o["began"] for o in outs), max(o["end"] for o in outs), outs
 
 
 def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
@@ -146,8 +163,11 @@ def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
     return procs * walls[1] / walls[procs]
 
 
-def run(target, uri: str, rows: int, writers: int) -> dict:
-    t0, end, outs = started_together(target, [(uri, rows, w) for w in range(writers)])
+def run(target, uri: str, rows: int, writers: int, separate: bool = False) -> dict:
+    """`writers` processes writing `uri` at once; with `separate`, each its own copy of it
+    (`<uri>-<writer>`, which the caller makes): the same work with no table shared."""
+    uris = [f"{uri}-{w}" if separate else uri for w in range(writers)]
+    t0, end, outs = started_together(target, [(u, rows, w) for w, u in enumerate(uris)])
     wall = end - t0
 
     def total(key: str) -> float:
@@ -169,16 +189,20 @@ def main() -> None:
     p.add_argument("--work", required=True)
     p.add_argument("--rounds", type=int, default=ROUNDS)
     a = p.parse_args()
-    ones, fours, machine = [], [], []
-    for r in range(a.rounds):  # every round on a fresh copy of the same table
-        for runs, writers in ((ones, 1), (fours, 4)):
+    ones, fours, separate, machine = [], [], [], []
+    for r in range(a.rounds):  # every round on fresh copies of the same table
+        for runs, writers, apart in ((ones, 1, False), (fours, 4, False), (separate, 4, True)):
             uri = f"{a.table}-{writers}-{r}"
-            shutil.copytree(a.table, uri)
-            runs.append(run(nbcc_writer, uri, a.rows, writers))
-            shutil.rmtree(uri, ignore_errors=True)
+            copies = [f"{uri}-{w}" for w in range(writers)] if apart else [uri]
+            for c in copies:
+                shutil.copytree(a.table, c)
+            runs.append(run(nbcc_writer, uri, a.rows, writers, separate=apart))
+            for c in copies:
+                shutil.rmtree(c, ignore_errors=True)
         machine.append(machine_speedup())
     one_rps = statistics.median(o["rows_per_s"] for o in ones)
     four_rps = statistics.median(o["rows_per_s"] for o in fours)
+    separate_rps = statistics.median(o["rows_per_s"] for o in separate)
     delta_uri = str(Path(a.work) / "s7-delta")
     shutil.rmtree(delta_uri, ignore_errors=True)
     deltalake.write_deltalake(delta_uri, make_rows(a.rows))
@@ -192,6 +216,8 @@ def main() -> None:
         "nbcc_lock_wait_pct_4_writers": round(100 * statistics.median(o["lock_wait_share"] for o in fours), 1),
         "nbcc_lock_hold_pct_4_writers": round(100 * statistics.median(o["lock_hold_share"] for o in fours), 1),
         "machine_2_process_speedup": round(statistics.median(machine), 2),
+        "nbcc_rows_per_s_4_separate_tables": round(separate_rps),
+        "separate_tables_4_vs_1": round(separate_rps / one_rps, 2),
         "deltalake_merges": 4 * COMMITS, "deltalake_failed": delta["failed"],
     }))
 

@@ -598,7 +598,10 @@ class Bench:
                     "0 failed, 0 retries, >= 1.5x one writer's rows/s", met,
                     "machine_2_process_speedup: two processes spinning the same CPU-bound loop against one "
                     "alone, measured after each round's writers (median): the ceiling this machine put on any "
-                    "speedup during the scenario")
+                    "speedup during the scenario; nbcc_rows_per_s_4_separate_tables: four writers doing the "
+                    "same work at once, each on its own copy of the table (no lock or table shared): what "
+                    "this machine allows four writer processes on its cores, against which the shared "
+                    "table's figure shows what sharing costs")
 
     def s8_planning(self):
         path = self.work / "commits"
@@ -765,6 +768,7 @@ class Bench:
 
     def write_results(self) -> None:
         out = Path(self.args.out)
+        out.mkdir(parents=True, exist_ok=True)
         (out / "results.json").write_text(json.dumps(self.results, indent=2) + "\n")
         lines = [
             "# nbcc benchmark results",
