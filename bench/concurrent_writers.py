@@ -104,7 +104,8 @@ def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
         except Exception:  # noqa: BLE001 - a commit conflict: the merge failed
             failed += 1
     results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "began": began,
-                 "end": time.perf_counter(), "retries": 0, "cas_conflicts": 0, "lock_wait_ms": 0.0, "lock_hold_ms": 0.0})
+                 "end": time.perf_counter(), "retries": 0, "cas_conflicts": 0,
+                 "lock_wait_ms": 0.0, "lock_hold_ms": 0.0})
 
 
 def _spin(n: int, start, results) -> None:
@@ -117,9 +118,9 @@ def _spin(n: int, start, results) -> None:
 
 
 def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict]]:
-    """Run `target(*a, start, results)` for each `a` in its own process, released at once once
-    every process has prepared its work (imports, batches, warm-up) and waits at the `start`
-    barrier; (first start, last end, what each put on `results`). Each process reports when it
+    """Run `target(*a, start, results)` for each `a` in its own process, all released together
+    once every process has prepared its work (imports, batches, warm-up) and waits at the
+    `start` barrier; (first start, last end, what each put on `results`). Each process reports when it
     began and ended (perf_counter is one system-wide monotonic clock on Linux), so the span is
     the processes' own and no process's preparation can fall inside it: four processes
     preparing on 2 cores took up to 2 s longer than one, which a fixed pause before the start
