@@ -2,16 +2,19 @@
 
 nbcc: each writer makes COMMITS commits of 2.5% of the rows into one table, after warming up
 on a scratch table of its own (a fresh process's first commit costs twice a later one: lazy
-imports, first calls into Arrow's kernels, thread start-up); we count failed
-commits and retries and compare the aggregate rows/s with one writer doing one writer's share
-alone (each the median of ROUNDS rounds, one and four writers alternating, so drift hits both
-alike). nbcc writers never retry a commit; "retries" counts what the layers below retried: storage
+imports, first calls into Arrow's kernels, thread start-up); we count failed commits and
+retries and compare the aggregate rows/s with one writer doing one writer's share alone. Four
+writers also do the same work each on a copy of the table of its own: what four writer
+processes make on this machine with nothing shared, a reference for what sharing costs. Each
+figure is the median of ROUNDS rounds; a round runs one writer, four on one table, four on
+separate tables and the machine's own two-process speedup in turn, so drift hits all alike.
+Every timed span starts once each process has prepared its work, at one barrier.
+
+nbcc writers never retry a commit; "retries" counts what the layers below retried: storage
 calls nbcc.storage retried after a transient error. Lock CAS races lost (a writer re-reading the
 lock and trying again, which is waiting, not a failed commit) are reported apart. deltalake: four
 processes run the same merges concurrently on a Delta table; we count the merges that fail with a
-commit conflict. Four nbcc writers also do the same work each on a copy of the table of its own:
-what the machine allows four writer processes with nothing shared. Every timed span starts once
-each process has prepared its work, at one barrier. Prints one JSON line.
+commit conflict. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import argparse
 import json
 import logging
 import multiprocessing as mp
+import os
 import queue
 import shutil
 import statistics
@@ -135,14 +139,20 @@ def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict
         codes = [p.exitcode for p in procs]
         for p in procs:
             p.kill()
-        return RuntimeError(f"a process did not {what} within 600 s; exit codes {codes}")
+        return RuntimeError(f"a writer process did not {what}; exit codes {codes}")
 
-    # A process that died before the start or before reporting (an import error, out of memory)
-    # must not hang the run.
+    # A process that dies before the start or before reporting (an import error, out of memory)
+    # must not hang the run: wait for all to be ready while watching that none has exited.
+    deadline = time.monotonic() + 600
+    while start.n_waiting < len(procs):
+        if any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
+            start.abort()  # whoever already waits is released with an error
+            raise failed("get ready")
+        time.sleep(0.05)
     try:
-        start.wait(timeout=600)
+        start.wait(timeout=60)
     except threading.BrokenBarrierError:
-        raise failed("get ready") from None
+        raise failed("start") from None
     try:
         outs = [results.get(timeout=600) for _ in procs]
     except queue.Empty:
@@ -164,10 +174,15 @@ def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
     return procs * walls[1] / walls[procs]
 
 
+def copies(uri: str, writers: int, separate: bool) -> list[str]:
+    """The table each writer writes: `uri` for all, or with `separate` a copy of its own."""
+    return [f"{uri}-{w}" if separate else uri for w in range(writers)]
+
+
 def run(target, uri: str, rows: int, writers: int, separate: bool = False) -> dict:
     """`writers` processes writing `uri` at once; with `separate`, each its own copy of it
-    (`<uri>-<writer>`, which the caller makes): the same work with no table shared."""
-    uris = [f"{uri}-{w}" if separate else uri for w in range(writers)]
+    (`copies`, which the caller makes): the same work with no table shared."""
+    uris = copies(uri, writers, separate)
     t0, end, outs = started_together(target, [(u, rows, w) for w, u in enumerate(uris)])
     wall = end - t0
 
@@ -193,13 +208,18 @@ def main() -> None:
     ones, fours, separate, machine = [], [], [], []
     for r in range(a.rounds):  # every round on fresh copies of the same table
         for runs, writers, apart in ((ones, 1, False), (fours, 4, False), (separate, 4, True)):
-            uri = f"{a.table}-{writers}-{r}"
-            copies = [f"{uri}-{w}" for w in range(writers)] if apart else [uri]
-            for c in copies:
-                shutil.copytree(a.table, c)
-            runs.append(run(nbcc_writer, uri, a.rows, writers, separate=apart))
-            for c in copies:
-                shutil.rmtree(c, ignore_errors=True)
+            uri = f"{a.table}-{writers}-{'apart' if apart else 'shared'}-{r}"
+            tables = sorted(set(copies(uri, writers, apart)))
+            try:
+                for t in tables:
+                    shutil.copytree(a.table, t)
+                # Written back before the writers start, so that no run's fsyncs wait for it
+                # (the separate tables copy four times the bytes).
+                os.sync()
+                runs.append(run(nbcc_writer, uri, a.rows, writers, separate=apart))
+            finally:
+                for t in tables:
+                    shutil.rmtree(t, ignore_errors=True)
         machine.append(machine_speedup())
     one_rps = statistics.median(o["rows_per_s"] for o in ones)
     four_rps = statistics.median(o["rows_per_s"] for o in fours)
