@@ -61,15 +61,14 @@ def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
     )
 
 
-def _read_parquet(storage: Storage, arrow_fs: Any, partition: str, name: str, columns: Sequence[str]) -> pa.Table:
+def _read_parquet(storage: Storage, partition: str, name: str, columns: Sequence[str]) -> pa.Table:
     """Those of `columns` the file has (a column added to the table later is absent from older
     files)."""
     rel = data_file_path(partition, name)
     try:
-        with arrow_fs.open_input_file(storage.full_path(rel)) as source:
-            pf = storage.parquet_file(source)
+        with storage.open_parquet(rel) as pf:
             present = set(pf.schema_arrow.names)
-            return pf.read(columns=[c for c in columns if c in present], use_threads=storage.arrow_threads)
+            return pf.read(columns=[c for c in columns if c in present])
     except Exception as exc:  # noqa: BLE001 - every failure must name the file
         raise _fail(storage, rel, exc) from exc
 
@@ -79,12 +78,11 @@ class _DataFile:
     With `prune_by`, only the row groups whose Parquet statistics let them hold a matching row
     are read (and counted in `rows`)."""
 
-    def __init__(self, storage: Storage, arrow_fs: Any, partition: str, name: str, stack: contextlib.ExitStack,
+    def __init__(self, storage: Storage, partition: str, name: str, stack: contextlib.ExitStack,
                  read_dictionary: Sequence[str] | None = None, prune_by: Sequence[Predicate] = ()):
         self.storage, self.rel = storage, data_file_path(partition, name)
         try:
-            self.pf = storage.parquet_file(stack.enter_context(arrow_fs.open_input_file(storage.full_path(self.rel))),
-                                           read_dictionary=read_dictionary)
+            self.pf = stack.enter_context(storage.open_parquet(self.rel, read_dictionary=read_dictionary))
             self.row_groups = _row_groups_to_read(self.pf.metadata, prune_by)
         except Exception as exc:  # noqa: BLE001
             raise _fail(storage, self.rel, exc) from exc
@@ -100,16 +98,15 @@ class _DataFile:
     def read(self, columns: Sequence[str] | None = None) -> pa.Table:
         try:
             if self.row_groups is None:
-                return self.pf.read(columns=self._columns(columns), use_threads=self.storage.arrow_threads)
-            return self.pf.read_row_groups(self.row_groups, columns=self._columns(columns),
-                                           use_threads=self.storage.arrow_threads)
+                return self.pf.read(columns=self._columns(columns))
+            return self.pf.read_row_groups(self.row_groups, columns=self._columns(columns))
         except Exception as exc:  # noqa: BLE001
             raise _fail(self.storage, self.rel, exc) from exc
 
     def batches(self, columns: Sequence[str] | None = None, rows: int = _SPILL_BATCH_ROWS) -> Iterator[pa.Table]:
         try:
             for batch in self.pf.iter_batches(batch_size=rows, row_groups=self.row_groups,
-                                              columns=self._columns(columns), use_threads=self.storage.arrow_threads):
+                                              columns=self._columns(columns)):
                 yield pa.Table.from_batches([batch])
         except Exception as exc:  # noqa: BLE001
             raise _fail(self.storage, self.rel, exc) from exc
@@ -207,9 +204,8 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
     def wanted_keys(rows: pa.Table) -> pa.Table:
         return rows if wanted is None or not rows.num_rows else rows.filter(wanted)
 
-    arrow_fs = storage.arrow_filesystem()
     with contextlib.ExitStack() as stack:
-        opened = [_DataFile(storage, arrow_fs, partition, n, stack, [COMMIT_TIME_COL], key_predicates)
+        opened = [_DataFile(storage, partition, n, stack, [COMMIT_TIME_COL], key_predicates)
                   for n in files]
         opened = [f for f in opened if f.rows] or opened[:1]  # files whose row groups all miss
         total = sum(f.rows for f in opened)
@@ -385,8 +381,7 @@ def read_columns(storage: Storage, partition: str, files: Sequence[str], columns
     `columns`), each file's columns are cast to them, as a merge casts them (another writer may
     store a narrower type, §4.2), and no file gives an empty table of those types; else an
     empty table of strings."""
-    arrow_fs = storage.arrow_filesystem()
-    parts = [_read_parquet(storage, arrow_fs, partition, n, columns) for n in files]
+    parts = [_read_parquet(storage, partition, n, columns) for n in files]
     if types is not None:
         target = pa.schema([types.field(c) for c in columns])
         parts = [_aligned(p, target) for p in parts] or [target.empty_table()]

@@ -18,6 +18,7 @@ single-attempt primitive (`_*_once`), which is what a test wraps to inject fault
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -27,7 +28,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, BinaryIO, Callable, Sequence, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
 
 import fsspec
 import pyarrow as pa
@@ -408,15 +409,18 @@ class Storage:
         pre-buffering or threads, every such buffer is read and released on the calling thread."""
         return self.is_local
 
-    def parquet_file(self, source: pa.NativeFile, **options: Any) -> pq.ParquetFile:
-        """A Parquet file over `source`, opened with `arrow_filesystem()`; pre-buffered only
-        where `arrow_threads` allows. Pass `use_threads=self.arrow_threads` to its reads."""
-        return pq.ParquetFile(source, pre_buffer=self.arrow_threads, **options)
+    @contextlib.contextmanager
+    def open_parquet(self, rel: str, **options: Any) -> Iterator[pq.ParquetFile]:
+        """The Parquet file `rel`, open through `arrow_filesystem()` until the block ends.
+        Its reads pre-buffer and use Arrow's threads only where `arrow_threads` allows, so
+        no caller has to remember to; `options` go to pq.ParquetFile."""
+        with self.arrow_filesystem().open_input_file(self.full_path(rel)) as source:
+            yield _ParquetFile(source, self.arrow_threads, **options)
 
     def read_parquet(self, rel: str) -> pa.Table:
         """The whole Parquet file `rel` (a small one: it is read at once)."""
-        with self.arrow_filesystem().open_input_file(self.full_path(rel)) as source:
-            return self.parquet_file(source).read(use_threads=self.arrow_threads)
+        with self.open_parquet(rel) as pf:
+            return pf.read()
 
     def _retrying_arrow_filesystem(self) -> pafs.FileSystem:
         return pafs.PyFileSystem(_RetryingHandler(self))
@@ -424,6 +428,26 @@ class Storage:
     def _open_read_once(self, path: str) -> Any:
         """A file open for reading (FileNotFoundError if there is none)."""
         return self.fs.open(path, mode="rb")
+
+
+class _ParquetFile(pq.ParquetFile):
+    """pq.ParquetFile whose reads use Arrow's threads only if `threads` (Storage.arrow_threads)."""
+
+    def __init__(self, source: pa.NativeFile, threads: bool, **options: Any):
+        super().__init__(source, pre_buffer=threads, **options)
+        self._threads = threads
+
+    def read(self, *args: Any, **kwargs: Any) -> pa.Table:
+        return super().read(*args, **{"use_threads": self._threads, **kwargs})
+
+    def read_row_group(self, *args: Any, **kwargs: Any) -> pa.Table:
+        return super().read_row_group(*args, **{"use_threads": self._threads, **kwargs})
+
+    def read_row_groups(self, *args: Any, **kwargs: Any) -> pa.Table:
+        return super().read_row_groups(*args, **{"use_threads": self._threads, **kwargs})
+
+    def iter_batches(self, *args: Any, **kwargs: Any) -> Iterator[pa.RecordBatch]:
+        return super().iter_batches(*args, **{"use_threads": self._threads, **kwargs})
 
 
 class _RetryingHandler(pafs.FSSpecHandler):
