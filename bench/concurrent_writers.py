@@ -53,6 +53,12 @@ class _RetryCount(logging.Handler):
             self.count += 1
 
 
+def released(start) -> float:
+    """Wait at the `start` barrier (every process prepared); the time the timed work began."""
+    start.wait()
+    return time.perf_counter()
+
+
 def writer_batches(rows: int, writer: int) -> list:
     """The upserts of one writer: seeds of its own, so no two writers send the same batch."""
     return [upsert_batch(rows, FRACTION, seed=100 + writer * 100 + c, ts=100 + c) for c in range(COMMITS)]
@@ -68,8 +74,7 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
     table = nbcc.Table.open(uri)
     batches = writer_batches(rows, writer)
     warm_up(table, f"{uri}-warm-up-{writer}", batches[:WARM_UP_COMMITS])
-    start.wait()
-    began = time.perf_counter()
+    began = released(start)
     failed = 0
     for b in batches:
         try:
@@ -99,8 +104,7 @@ def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
     import deltalake  # noqa: F401 - imported before the start, so not timed
 
     batches = writer_batches(rows, writer)
-    start.wait()
-    began = time.perf_counter()
+    began = released(start)
     failed = 0
     for b in batches:
         try:
@@ -113,8 +117,7 @@ def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
 
 
 def _spin(n: int, start, results) -> None:
-    start.wait()
-    began = time.perf_counter()
+    began = released(start)
     x = 0
     for i in range(n):
         x += i
@@ -124,11 +127,11 @@ def _spin(n: int, start, results) -> None:
 def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict]]:
     """Run `target(*a, start, results)` for each `a` in its own process, all released together
     once every process has prepared its work (imports, batches, warm-up) and waits at the
-    `start` barrier; (first start, last end, what each put on `results`). Each process reports when it
-    began and ended (perf_counter is one system-wide monotonic clock on Linux), so the span is
-    the processes' own and no process's preparation can fall inside it: four processes
-    preparing on 2 cores took up to 2 s longer than one, which a fixed pause before the start
-    used to count as writing time."""
+    `start` barrier (`released`); (first begin, last end, what each put on `results`). Each
+    process reports when it began and ended (perf_counter is one system-wide monotonic clock on
+    Linux), so no process's preparation falls inside the span: four processes preparing on 2
+    cores took seconds longer than one, which a fixed pause before the start used to count as
+    writing time."""
     ctx = mp.get_context("spawn")
     start, results = ctx.Barrier(len(args) + 1), ctx.Queue()
     procs = [ctx.Process(target=target, args=(*a, start, results)) for a in args]
@@ -174,15 +177,9 @@ def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
     return procs * walls[1] / walls[procs]
 
 
-def copies(uri: str, writers: int, separate: bool) -> list[str]:
-    """The table each writer writes: `uri` for all, or with `separate` a copy of its own."""
-    return [f"{uri}-{w}" if separate else uri for w in range(writers)]
-
-
-def run(target, uri: str, rows: int, writers: int, separate: bool = False) -> dict:
-    """`writers` processes writing `uri` at once; with `separate`, each its own copy of it
-    (`copies`, which the caller makes): the same work with no table shared."""
-    uris = copies(uri, writers, separate)
+def run(target, uris: list[str], rows: int) -> dict:
+    """One process per entry of `uris` (writer w writes uris[w]) running `target` at once."""
+    writers = len(uris)
     t0, end, outs = started_together(target, [(u, rows, w) for w, u in enumerate(uris)])
     wall = end - t0
 
@@ -209,14 +206,15 @@ def main() -> None:
     for r in range(a.rounds):  # every round on fresh copies of the same table
         for runs, writers, apart in ((ones, 1, False), (fours, 4, False), (separate, 4, True)):
             uri = f"{a.table}-{writers}-{'apart' if apart else 'shared'}-{r}"
-            tables = sorted(set(copies(uri, writers, apart)))
+            uris = [f"{uri}-{w}" for w in range(writers)] if apart else [uri] * writers
+            tables = sorted(set(uris))
             try:
                 for t in tables:
                     shutil.copytree(a.table, t)
                 # Written back before the writers start, so that no run's fsyncs wait for it
                 # (the separate tables copy four times the bytes).
                 os.sync()
-                runs.append(run(nbcc_writer, uri, a.rows, writers, separate=apart))
+                runs.append(run(nbcc_writer, uris, a.rows))
             finally:
                 for t in tables:
                     shutil.rmtree(t, ignore_errors=True)
@@ -229,7 +227,7 @@ def main() -> None:
     delta_uri = str(Path(a.work) / "s7-delta")
     shutil.rmtree(delta_uri, ignore_errors=True)
     deltalake.write_deltalake(delta_uri, make_rows(a.rows))
-    delta = run(delta_writer, delta_uri, a.rows, 4)
+    delta = run(delta_writer, [delta_uri] * 4, a.rows)
     print(json.dumps({
         "nbcc_commits": a.rounds * 4 * COMMITS, "nbcc_failed": sum(o["failed"] for o in fours),
         "nbcc_retries": sum(o["retries"] for o in fours),

@@ -597,8 +597,8 @@ class Bench:
         self.record("7", "4 writers upserting overlapping keys at once", figures,
                     "0 failed, 0 retries, >= 1.5x one writer's rows/s", met,
                     "machine_2_process_speedup: two processes spinning the same CPU-bound loop against one "
-                    "alone, measured after each round's writers (median): the ceiling this machine put on any "
-                    "speedup during the scenario; nbcc_rows_per_s_4_separate_tables: four writers doing the "
+                    "alone, measured after each round's writers (median): a rough and noisy gauge of the machine's "
+                    "parallel speed during the scenario; nbcc_rows_per_s_4_separate_tables: four writers doing the "
                     "same work at once, each on its own copy of the table (no lock or table shared): what "
                     "this machine allows four writer processes on its cores, against which the shared "
                     "table's figure shows what sharing costs")
