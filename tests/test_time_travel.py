@@ -25,6 +25,8 @@ completion times come from the writers and the timeline; the expected rows come 
 from __future__ import annotations
 
 import random
+import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -934,6 +936,52 @@ def test_added_column_is_absent_before_it_and_null_for_older_rows_after(local_ta
     assert table.compact() is not None
     assert rows_by_key(table.read()) == expected
     assert table.read(as_of=c1).column_names == ET_SCHEMA.names
+
+
+def test_a_column_another_process_adds_is_in_this_process_schema_and_reads(local_table):
+    # This process has looked at the schema (and remembers what it folded); a writer in another
+    # process then adds a column.
+    uri, _ = local_table
+    table = nbcc.Table.create(uri, ET_SCHEMA, "id", ordering_field="ts", buckets=2)
+    table.write(_et_rows((1, 1, "a1")))
+    assert table.schema().names == ET_SCHEMA.names
+    code = ("import sys, pyarrow as pa, nbcc; t = nbcc.Table.open(sys.argv[1]); "
+            "t.write(pa.table({'id': [2], 'ts': [2], 'v': ['b2'], 'extra': ['x2']}))")
+    subprocess.run([sys.executable, "-c", code, uri], check=True, capture_output=True, timeout=120)
+    assert table.schema().names == ET_SCHEMA.names + ["extra"]
+    table.write(_et_rows((3, 3, "c3")))  # a write from here that leaves the column out
+    assert rows_by_key(table.read()) == {1: {"id": 1, "ts": 1, "v": "a1", "extra": None},
+                                         2: {"id": 2, "ts": 2, "v": "b2", "extra": "x2"},
+                                         3: {"id": 3, "ts": 3, "v": "c3", "extra": None}}
+
+
+def test_a_table_made_again_at_the_same_path_has_only_its_own_columns(local_table):
+    uri, _ = local_table
+    first = nbcc.Table.create(uri, ET_SCHEMA, "id", ordering_field="ts", buckets=2)
+    first.write(pa.table({"id": [1], "ts": [1], "v": ["a"], "extra": ["x"]}))
+    assert first.schema().names == ET_SCHEMA.names + ["extra"]
+    shutil.rmtree(uri)
+    again = nbcc.Table.create(uri, ET_SCHEMA, "id", ordering_field="ts", buckets=2)
+    assert again.schema().names == ET_SCHEMA.names
+    again.write(_et_rows((1, 2, "b")))
+    assert again.schema().names == ET_SCHEMA.names
+    assert again.read().to_pylist() == [{"id": 1, "ts": 2, "v": "b"}]
+
+
+def test_a_fresh_process_takes_the_schema_of_a_long_timeline_from_the_metadata_table(local_table):
+    # Enough commits that a process folding them all reads their schemas from the metadata table
+    # instead of every commit file; the column is added in the middle.
+    uri, _ = local_table
+    table = nbcc.Table.create(uri, ET_SCHEMA, "id", ordering_field="ts", buckets=2)
+    for i in range(12):
+        table.write(_et_rows((i, i, f"v{i}")))
+    table.write(pa.table({"id": [100], "ts": [100], "v": ["w"], "extra": ["x"]}))
+    for i in range(12, 24):
+        table.write(_et_rows((i, i, f"v{i}")))
+    table.build_index("files")
+    code = "import sys, nbcc; print(','.join(nbcc.Table.open(sys.argv[1]).schema().names))"
+    out = subprocess.run([sys.executable, "-c", code, uri], check=True, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip().split(",") == ET_SCHEMA.names + ["extra"]
 
 
 def test_incremental_read_with_a_pyarrow_filter_on_a_meta_column(tmp_path):

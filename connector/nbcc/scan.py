@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -157,7 +157,7 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
     files of the instants it covers come from it instead of their commit files."""
     completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
     metas = _metadata(storage, completed, index)
-    schema = merge_added_columns(config.schema, _new_schemas(metas[i.instant] for i in completed))
+    schema = table_schema(storage, config, completed, lambda new: metas)
     done = {i.instant: i.completion for i in completed}
     completion = {i.instant: done.get(i.instant) for i in timeline.instants}
     pending = [i.instant for i in timeline.instants
@@ -167,10 +167,66 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
     return TableView(completed, metas, completion, pending, schema, cutoff)
 
 
-def _new_schemas(metas: Iterable[Mapping[str, Any]]) -> Iterator[pa.Schema]:
+@dataclass(frozen=True)
+class _SchemaFold:
+    """The schema that a run of completed commits (in completion order) makes."""
+
+    base: pa.Schema  # the table's created schema
+    instants: list[str]  # the commits folded, in completion order
+    name_sets: frozenset[tuple[str, ...]]  # the column name sets their schemas had
+    schema: pa.Schema
+
+
+# Storage uri -> the longest fold a call here made. Completion times only grow, so a later
+# listing's completed commits extend that run, and only the new ones are folded: a writer's
+# schema look-up (every commit begins with one) does not re-read every commit of a long timeline.
+_SCHEMA_FOLDS: dict[str, _SchemaFold] = {}
+
+
+def table_schema(storage: Storage, config: TableConfig, completed: list[Instant],
+                 metas_of: Callable[[list[Instant]], Mapping[str, Mapping[str, Any]]]) -> pa.Schema:
+    """The table's schema after the `completed` commits (completion order): the created schema
+    plus the columns they added. `metas_of(instants)`: their metadata by instant, asked only for
+    the commits this process has not folded yet."""
+    keys = [i.instant for i in completed]
+    fold = _SCHEMA_FOLDS.get(storage.uri)
+    if fold is None or keys[:len(fold.instants)] != fold.instants or not fold.base.equals(config.schema):
+        fold = _SchemaFold(config.schema, [], frozenset(), config.schema)  # not a prefix: fold anew
+    new = completed[len(fold.instants):]
+    if not new:
+        return fold.schema
+    metas = metas_of(new)
+    seen = set(fold.name_sets)
+    schema = merge_added_columns(fold.schema, _new_schemas((metas[i.instant] for i in new), seen))
+    done = _SchemaFold(config.schema, keys, frozenset(seen), schema)
+    current = _SCHEMA_FOLDS.get(storage.uri)
+    if current is None or len(keys) >= len(current.instants):  # a time travel's shorter fold is not kept
+        _SCHEMA_FOLDS[storage.uri] = done
+    return schema
+
+
+# Fewer commits than this left to fold are read from their completed files (on S3 one request
+# each, 10 at a time): fewer requests than reading the metadata table's files.
+_FOLD_FROM_INDEX = 16
+
+
+def schema_as_of(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None,
+                 index_of: Callable[[], MetadataIndex | None] = lambda: None) -> pa.Schema:
+    """The table's schema as of `as_of` (None: now), without the rest of its view. `index_of()`
+    reads the metadata table, only when many commits are left to fold (a commit's schema is the
+    same in both places and no clean removes it, so unlike a file list it may be read after the
+    listing, §18.5)."""
+    completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
+
+    def metas_of(new: list[Instant]) -> dict[str, dict[str, Any]]:
+        return _metadata(storage, new, index_of() if len(new) >= _FOLD_FROM_INDEX else None)
+
+    return table_schema(storage, config, completed, metas_of)
+
+
+def _new_schemas(metas: Iterable[Mapping[str, Any]], seen: set[tuple[str, ...]]) -> Iterator[pa.Schema]:
     """The commit schemas that can add a column, in order: a schema whose column names were all
-    seen before adds nothing (columns are added by name), so each name set is parsed once."""
-    seen: set[tuple[str, ...]] = set()
+    `seen` before adds nothing (columns are added by name), so each name set is parsed once."""
     for meta in metas:
         fields = meta.get("schema")
         if fields is None:
@@ -410,7 +466,7 @@ def read_schema(storage: Storage, config: TableConfig, options: ReadOptions) -> 
     index = load_index(storage, options.use_metadata_table)  # before the listing (format.md §18.5)
     timeline = Timeline.load(storage)
     when = options.as_of if options.query_type != INCREMENTAL else (options.end or timeline.latest_completion())
-    return _output_schema(config, table_view(storage, config, timeline, when, index).schema, options)
+    return _output_schema(config, schema_as_of(storage, config, timeline, when, lambda: index), options)
 
 
 def _index_for(storage: Storage, config: TableConfig, options: ReadOptions) -> MetadataIndex | None:

@@ -38,6 +38,7 @@ from .scan import (
     check_readable,
     plan_scan,
     read_plan,
+    schema_as_of,
     slices_by_group,
     table_view,
 )
@@ -302,7 +303,8 @@ class Table:
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""
         when = parse_time_option(as_of, "as_of") if as_of is not None else None
-        return self._view(when).schema
+        return schema_as_of(self.storage, self.config, Timeline.load(self.storage), when,
+                            lambda: load_index(self.storage, None))
 
     def timeline(self) -> list[Instant]:
         """Every instant on the timeline, oldest first."""

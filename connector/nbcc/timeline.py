@@ -11,6 +11,7 @@ see from one listing of this folder, never from listing data folders.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -58,6 +59,9 @@ class Instant:
         return f"{self.instant}.{self.action}.{self.state}"
 
 
+# Every listing parses every name again, and a long timeline has thousands: a name always stands
+# for the same (immutable) Instant, so parses are remembered.
+@functools.lru_cache(maxsize=1 << 16)
 def parse_instant_file(name: str) -> Instant | None:
     """The Instant a timeline file name stands for, or None for names that are not instants."""
     parts = name.split(".")
