@@ -166,10 +166,12 @@ def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict
 
 
 def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
-    """The hardware's own ceiling for a parallel speedup just now: the throughput of `procs`
-    processes each spinning the same CPU-bound loop, over one process alone. On a 2-core VM
-    whose cores are hyperthreads or are shared with other guests it is below 2 and changes from
-    minute to minute, so it is measured in every round, next to the writers."""
+    """A rough gauge of the parallel speedup this machine allows just now: the throughput of
+    `procs` processes each spinning the same CPU-bound loop, over one process alone. On a 2-core
+    VM whose cores are hyperthreads or are shared with other guests it is below 2 and changes
+    from minute to minute, so it is measured in every round, next to the writers. It is noisy
+    (one short loop a side; it has read above 2 with 2 processes), so it is no ceiling: four
+    writers on separate tables are (7)'s reference."""
     walls = {}
     for k in (1, procs):
         t0, end, _ = started_together(_spin, [(n,)] * k)

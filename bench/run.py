@@ -1,7 +1,7 @@
 """nbcc benchmarks: measured side by side with Spark's Parquet source, delta-rs and the hardware.
 
     python bench/run.py [--rows 2000000] [--repeats 5] [--only 1,2,...] [--commits 2000]
-                        [--slice-rows 10000000] [--scale-rows 20000000] [--writer-rounds 5] [--out bench]
+                        [--slice-rows 10000000] [--scale-rows 10000000] [--writer-rounds 5] [--out bench]
 
 Writes results.json and results.md (in bench/ unless --out says otherwise). Each figure is the median of `--repeats` runs after
 a warm-up; each comparison is a ratio measured in the same run, its two sides run in turns
@@ -27,12 +27,13 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -209,6 +210,30 @@ def spark_session():
 def consume(df) -> None:
     """Read every row of `df` without collecting it to the driver."""
     df.write.format("noop").mode("overwrite").save()
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A moto S3 server in a process of its own on a free loopback port: its endpoint URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1):
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"the moto server did not start on port {port}") from None
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 class Bench:
@@ -607,8 +632,11 @@ class Bench:
         path = self.work / "commits"
         shutil.rmtree(path, ignore_errors=True)
         t = nbcc.Table.create(str(path), pa.schema([("id", pa.int64()), ("v", pa.int64())]), "id", buckets=16)
+        writes = []
         for i in range(self.args.commits):
+            start = time.perf_counter()
             t.write(pa.table({"id": [i % 997, (i * 7) % 997], "v": [i, i]}))
+            writes.append(time.perf_counter() - start)
             if i % 200 == 199:
                 t.compact()
         start = time.perf_counter()
@@ -629,11 +657,15 @@ class Bench:
                     {"before_archival_s": round(before, 3), "before_archival_with_metadata_table_s": round(before_mdt, 3),
                      **on_s3,
                      "after_archival_s": round(after, 3), "after_archival_with_metadata_table_s": round(after_mdt, 3),
-                     "build_index_s": round(index_s, 3)},
+                     "build_index_s": round(index_s, 3),
+                     "write_ms_first_100": round(1000 * statistics.median(writes[:100]), 1),
+                     "write_ms_last_100": round(1000 * statistics.median(writes[-100:]), 1)},
                     "< 1 s", max(after, after_mdt) < 1,
                     "with the metadata table the plan reads no commit file: it lists the timeline and reads "
                     "the metadata table's few files; s3_* figures: the same table's .nbcc/ on S3 (moto on "
-                    "loopback), before archival")
+                    "loopback), before archival; write_ms_*: a 2-row commit through the Python API "
+                    "(median), among the table's first and last 100 commits: what a commit costs as "
+                    "the active timeline grows")
 
     @staticmethod
     def _timed_child(args: list[str]) -> float:
@@ -649,32 +681,24 @@ class Bench:
         uploaded. Empty if moto is not installed (the `test` extra)."""
         try:
             import s3fs
-            from moto.server import ThreadedMotoServer
+            import moto.server  # noqa: F401
         except ImportError:
             return {}
-        import logging
-
-        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
-        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-        server.start()
-        try:
-            host, port = server.get_host_and_port()
-            opts = {"key": "bench", "secret": "bench", "endpoint_url": f"http://{host}:{port}"}
-            fs = s3fs.S3FileSystem(key="bench", secret="bench", client_kwargs={"endpoint_url": opts["endpoint_url"]})
-            # moto keeps its buckets per process, after its server stops: a fresh name each run.
-            bucket = f"bench-{uuid.uuid4().hex[:8]}"
-            fs.mkdir(bucket)
-            fs.put(str(path / ".nbcc"), f"{bucket}/t/.nbcc", recursive=True)
+        with moto_server() as endpoint:
+            opts = {"key": "bench", "secret": "bench", "endpoint_url": endpoint}
+            fs = s3fs.S3FileSystem(key="bench", secret="bench", client_kwargs={"endpoint_url": endpoint})
+            fs.mkdir("bench")
+            # About 2,300 objects at some 10 ms of the server's time each: the server is a process
+            # of its own and takes 64 at once, so uploading takes 15 s rather than 28 s.
+            fs.put(str(path / ".nbcc"), "bench/t/.nbcc", recursive=True, batch_size=64)
             code = ("import nbcc,time,sys,json; t=nbcc.Table.open(sys.argv[1], json.loads(sys.argv[3])); "
                     "s=time.perf_counter(); t.plan(use_metadata_table=sys.argv[2]=='true'); print(time.perf_counter()-s, flush=True)")
 
             def cold(use: bool) -> float:
-                return self._timed_child([code, f"s3://{bucket}/t", str(use).lower(), json.dumps(opts)])
+                return self._timed_child([code, "s3://bench/t", str(use).lower(), json.dumps(opts)])
 
             return {"s3_before_archival_s": round(cold(False), 3),
                     "s3_before_archival_with_metadata_table_s": round(cold(True), 3)}
-        finally:
-            server.stop()
 
     def s9_memory(self):
         script = HERE / "merge_memory.py"
@@ -762,8 +786,13 @@ class Bench:
     def run(self, keys: list[str]) -> None:
         """Run the scenarios `keys` in turn, writing the results after each."""
         for key in keys:
+            key = key.strip()
+            start = time.perf_counter()
             self.settle()
-            getattr(self, SCENARIOS[key.strip()])()
+            getattr(self, SCENARIOS[key])()
+            # what the scenario took, its tables' building included: what to cut when `make bench`
+            # outgrows its 10 minutes
+            self.results["scenarios"][key]["wall_s"] = round(time.perf_counter() - start, 1)
             self.write_results()
 
     def write_results(self) -> None:
@@ -778,11 +807,13 @@ class Bench:
             "cpu_steal_pct: the share of this machine's CPU time its hypervisor gave to other guests "
             "during the scenario (from /proc/stat); where it is high, every figure of that row is slower "
             "and noisier, parallel speedups most.",
-            "",
-            "| # | scenario | figures | target | result |",
-            "|---|---|---|---|---|",
         ]
         scenarios = sorted(self.results["scenarios"].items(), key=lambda kv: int(kv[0]))
+        walls = [(key, s["wall_s"]) for key, s in scenarios if "wall_s" in s]
+        if walls:
+            lines += ["", f"This run took {sum(w for _, w in walls) / 60:.1f} min: "
+                      + ", ".join(f"({key}) {w:.0f} s" for key, w in walls) + "."]
+        lines += ["", "| # | scenario | figures | target | result |", "|---|---|---|---|---|"]
         for key, s in scenarios:
             figs = ", ".join(f"{k} {v}" for k, v in s["figures"].items())
             lines.append(f"| {key} | {s['title']} | {figs} | {s['target']} | {status_text(s)} |")
@@ -808,7 +839,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--commits", type=int, default=2000)
     parser.add_argument("--slice-rows", type=int, default=10_000_000)
-    parser.add_argument("--scale-rows", type=int, default=20_000_000,
+    # 10M: a snapshot there takes seconds against a query's fixed 0.2-0.3 s, which shows how
+    # the work scales; 20M (sessions 12-21) showed the same at 40 s more of the run.
+    parser.add_argument("--scale-rows", type=int, default=10_000_000,
                         help="also measure (5) and (6) on tables of this many rows (0: not)")
     parser.add_argument("--writer-rounds", type=int, default=5,
                         help="(7): rounds of one and four writers, alternating (the figures are medians)")
