@@ -41,6 +41,9 @@ import pytest
 
 import nbcc
 import nbcc.writer
+from nbcc.scan import table_schema
+from nbcc.schema import schema_to_json
+from nbcc.timeline import Instant
 
 DELETED = "_nbcc_is_deleted"
 BEFORE_ALL = "0" * 17
@@ -979,9 +982,38 @@ def test_a_fresh_process_takes_the_schema_of_a_long_timeline_from_the_metadata_t
     for i in range(12, 24):
         table.write(_et_rows((i, i, f"v{i}")))
     table.build_index("files")
-    code = "import sys, nbcc; print(','.join(nbcc.Table.open(sys.argv[1]).schema().names))"
+    # The fresh process counts the table's commit files it reads (one request each on S3; the
+    # metadata table is a table of its own, with its own timeline).
+    code = ("import sys, re, nbcc\n"
+            "table = nbcc.Table.open(sys.argv[1])\n"
+            "reads = []\n"
+            "plain = nbcc.storage.Storage.read_bytes\n"
+            "def counted(self, rel):\n"
+            "    if self.uri == table.storage.uri and re.search(r'timeline/\\d{17}_\\d{17}\\.', rel):\n"
+            "        reads.append(rel)\n"
+            "    return plain(self, rel)\n"
+            "nbcc.storage.Storage.read_bytes = counted\n"
+            "print(','.join(table.schema().names)); print(len(reads))\n")
     out = subprocess.run([sys.executable, "-c", code, uri], check=True, capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip().split(",") == ET_SCHEMA.names + ["extra"]
+    names, commit_files_read = out.stdout.split()
+    assert names.split(",") == ET_SCHEMA.names + ["extra"]
+    assert int(commit_files_read) == 0
+
+
+def test_a_commit_listed_after_a_later_one_still_adds_its_column(tmp_path):
+    # A listing can miss a commit that completed before one it shows (an S3 listing racing the
+    # commit, or a commit whose lock lease ran out before it was published). The schema seen
+    # next, with both listed, must hold both commits' columns.
+    table = nbcc.Table.create(str(tmp_path / "t"), ET_SCHEMA, "id", ordering_field="ts", buckets=2)
+    early = Instant("20260101000000001", "deltacommit", "completed", "20260101000000002")
+    late = Instant("20260101000000003", "deltacommit", "completed", "20260101000000004")
+    metas = {early.instant: {"schema": schema_to_json(pa.schema(list(ET_SCHEMA) + [("x", pa.string())]))},
+             late.instant: {"schema": schema_to_json(pa.schema(list(ET_SCHEMA) + [("y", pa.string())]))}}
+    schema = lambda completed: table_schema(table.storage, table.config, completed, lambda new: metas).names  # noqa: E731
+    assert schema([late]) == ET_SCHEMA.names + ["y"]
+    assert schema([early, late]) == ET_SCHEMA.names + ["x", "y"]
+    assert schema([early]) == ET_SCHEMA.names + ["x"]  # as of early's completion
+    assert schema([early, late]) == ET_SCHEMA.names + ["x", "y"]
 
 
 def test_incremental_read_with_a_pyarrow_filter_on_a_meta_column(tmp_path):

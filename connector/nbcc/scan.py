@@ -172,14 +172,17 @@ class _SchemaFold:
     """The schema that a run of completed commits (in completion order) makes."""
 
     base: pa.Schema  # the table's created schema
-    instants: list[str]  # the commits folded, in completion order
+    instants: list[tuple[str, str]]  # (instant, completion) of the commits folded, in completion order
     name_sets: frozenset[tuple[str, ...]]  # the column name sets their schemas had
     schema: pa.Schema
 
 
-# Storage uri -> the longest fold a call here made. Completion times only grow, so a later
-# listing's completed commits extend that run, and only the new ones are folded: a writer's
-# schema look-up (every commit begins with one) does not re-read every commit of a long timeline.
+# Storage uri -> the longest fold a call here made. Completion times are issued in increasing
+# order, so a later listing's completed commits usually extend that run, and only the new ones
+# are folded: a writer's schema look-up (every commit begins with one) does not re-read every
+# commit of a long timeline. When they do not (a listing that missed a commit, a commit whose
+# lock lease ran out before it was published, a table made again at the same path), the run is
+# not a prefix of the new one and the fold starts over.
 _SCHEMA_FOLDS: dict[str, _SchemaFold] = {}
 
 
@@ -188,7 +191,7 @@ def table_schema(storage: Storage, config: TableConfig, completed: list[Instant]
     """The table's schema after the `completed` commits (completion order): the created schema
     plus the columns they added. `metas_of(instants)`: their metadata by instant, asked only for
     the commits this process has not folded yet."""
-    keys = [i.instant for i in completed]
+    keys = [(i.instant, i.completion) for i in completed]
     fold = _SCHEMA_FOLDS.get(storage.uri)
     if fold is None or keys[:len(fold.instants)] != fold.instants or not fold.base.equals(config.schema):
         fold = _SchemaFold(config.schema, [], frozenset(), config.schema)  # not a prefix: fold anew
