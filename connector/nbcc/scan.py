@@ -22,7 +22,8 @@ input partition each), and each task is read independently.
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+import threading
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -182,8 +183,10 @@ class _SchemaFold:
 # are folded: a writer's schema look-up (every commit begins with one) does not re-read every
 # commit of a long timeline. When they do not (a listing that missed a commit, a commit whose
 # lock lease ran out before it was published, a table made again at the same path), the run is
-# not a prefix of the new one and the fold starts over.
-_SCHEMA_FOLDS: dict[str, _SchemaFold] = {}
+# not a prefix of the new one and the fold starts over. The tables used last are kept.
+_SCHEMA_FOLDS: "OrderedDict[str, _SchemaFold]" = OrderedDict()
+_SCHEMA_FOLDS_LOCK = threading.Lock()
+_SCHEMA_FOLDS_KEPT = 64  # tables; a fold holds the ids of its table's completed commits
 
 
 def table_schema(storage: Storage, config: TableConfig, completed: list[Instant],
@@ -192,7 +195,8 @@ def table_schema(storage: Storage, config: TableConfig, completed: list[Instant]
     plus the columns they added. `metas_of(instants)`: their metadata by instant, asked only for
     the commits this process has not folded yet."""
     keys = [(i.instant, i.completion) for i in completed]
-    fold = _SCHEMA_FOLDS.get(storage.uri)
+    with _SCHEMA_FOLDS_LOCK:
+        fold = _SCHEMA_FOLDS.get(storage.uri)
     if fold is None or keys[:len(fold.instants)] != fold.instants or not fold.base.equals(config.schema):
         fold = _SchemaFold(config.schema, [], frozenset(), config.schema)  # not a prefix: fold anew
     new = completed[len(fold.instants):]
@@ -202,9 +206,13 @@ def table_schema(storage: Storage, config: TableConfig, completed: list[Instant]
     seen = set(fold.name_sets)
     schema = merge_added_columns(fold.schema, _new_schemas((metas[i.instant] for i in new), seen))
     done = _SchemaFold(config.schema, keys, frozenset(seen), schema)
-    current = _SCHEMA_FOLDS.get(storage.uri)
-    if current is None or len(keys) >= len(current.instants):  # a time travel's shorter fold is not kept
-        _SCHEMA_FOLDS[storage.uri] = done
+    with _SCHEMA_FOLDS_LOCK:
+        current = _SCHEMA_FOLDS.get(storage.uri)
+        if current is None or len(keys) >= len(current.instants):  # a time travel's shorter fold is not kept
+            _SCHEMA_FOLDS[storage.uri] = done
+            _SCHEMA_FOLDS.move_to_end(storage.uri)
+            if len(_SCHEMA_FOLDS) > _SCHEMA_FOLDS_KEPT:
+                _SCHEMA_FOLDS.popitem(last=False)
     return schema
 
 
