@@ -23,7 +23,6 @@ import nbcc
 from nbcc.errors import InvalidOptionError
 from nbcc.filenames import make_token
 from nbcc.stream import KEEP_CLAIMS, check_owner, check_stream_id, claim_batch, commit_batch, prune_claims
-from nbcc.stream import write_template
 from nbcc.timeline import create_requested
 from nbcc.writer import prepare
 
@@ -493,7 +492,7 @@ def test_bad_streaming_write_options_fail_clearly_and_write_nothing(spark, tmp_p
 # -- sink core: claims (no Spark) --------------------------------------------------------------
 
 def _template(table):
-    return write_template(table, ARROW_SCHEMA, "upsert", overwrite=False)
+    return table.prepare_write(ARROW_SCHEMA, "upsert", overwrite=False)
 
 
 def _write_into(table, template, instant, rows):
@@ -523,6 +522,22 @@ def test_claims_all_tasks_of_a_batch_share_one_instant_and_a_commit_happens_once
     assert again.committed and again.instant == instant  # a replayed batch writes nothing
     meta = _data_commits(table.uri)
     assert [(m["instant"], m["stream_id"], m["batch_id"]) for m in meta] == [(instant, "s1", 7)]
+
+
+def test_claims_a_stream_template_is_checked_like_a_write_and_begins_no_instant(tmp_path):
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
+    with pytest.raises(nbcc.SchemaError, match="lacks the ordering_field column 'ts'"):
+        table.prepare_write(pa.schema([("id", pa.int64()), ("v", pa.string())]), "upsert")
+    wider = ARROW_SCHEMA.append(pa.field("extra", pa.float64()))
+    template = table.prepare_write(wider, "upsert")
+    assert template.schema.names == ["id", "v", "ts", "extra"] and template.added_columns == ["extra"]
+    assert table.timeline() == [] and template.instant == ""  # each micro-batch begins its own
+
+    claim = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    rows = _rows(range(2), "a").append_column("extra", pa.array([0.5, 1.5]))
+    commit_batch(template, "s1", 0, claim.instant, _write_into(table, template, claim.instant, rows))
+    assert table.schema().names == ["id", "v", "ts", "extra"]
+    assert sorted(table.read().column("extra").to_pylist()) == [0.5, 1.5]
 
 
 def test_claims_a_rolled_back_batch_gets_a_new_instant(tmp_path):

@@ -39,8 +39,6 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-import pyarrow as pa
-
 from .clock import parse_time_option
 from .commit import WriteTransaction
 from .errors import CommitError, InvalidOptionError
@@ -48,13 +46,10 @@ from .heartbeat import beat, remove as remove_heartbeat
 from .rollback import rollback_instant
 from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, plan_scan
 from .storage import Storage
-from .table import Table
 from .timeline import (
     COMPLETED,
     DATA_ACTIONS,
-    DELTA_COMMIT,
     INFLIGHT,
-    REPLACE_COMMIT,
     REQUESTED,
     ROLLEDBACK,
     TIMELINE_DIR,
@@ -89,34 +84,6 @@ def check_stream_id(value: Any) -> str:
             "'-', starting with a letter or digit (e.g. orders_ingest.v2)"
         )
     return text
-
-
-def write_template(table: Table, incoming: pa.Schema, operation: str, overwrite: bool) -> WriteTransaction:
-    """The transaction of a streaming write, checked like `Table.begin_write` but not begun: each
-    micro-batch begins its own instant (`claim_batch`)."""
-
-    class _Checked(Exception):
-        def __init__(self, schema: pa.Schema):
-            self.schema = schema
-
-    def stop(schema: pa.Schema) -> None:
-        raise _Checked(schema)
-
-    # begin_write runs every schema check, then calls check_first before it begins the instant:
-    # stopping there reuses the checks without creating an instant.
-    try:
-        table.begin_write(incoming, operation, overwrite=overwrite, check_first=stop)
-    except _Checked as checked:
-        new_schema = checked.schema
-    else:  # pragma: no cover - begin_write always calls check_first
-        raise AssertionError("begin_write did not call check_first")
-    current = table.schema()
-    return WriteTransaction(
-        table.storage, table.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
-        "overwrite" if overwrite else operation, new_schema,
-        added_columns=[n for n in new_schema.names if n not in current.names],
-        partition_depth=len(table.config.partition_by),
-    )
 
 
 @dataclass(frozen=True)

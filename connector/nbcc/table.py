@@ -117,11 +117,10 @@ class Table:
 
     # -- writing -----------------------------------------------------------------------------
 
-    def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False,
-                    check_first: Callable[[pa.Schema], None] | None = None) -> WriteTransaction:
-        """Check `incoming_schema` and start an instant (the first half of a write; used by the
-        Spark connector, whose tasks write the files). `check_first(table_schema)` runs after the
-        schema checks and before the instant exists, so a failing check writes nothing."""
+    def prepare_write(self, incoming_schema: pa.Schema, operation: str = UPSERT,
+                      overwrite: bool = False) -> WriteTransaction:
+        """Check `incoming_schema` against the table's schema and make the transaction that writes
+        it, not begun (a streaming sink begins one instant per micro-batch from it)."""
         if operation not in OPERATIONS:
             raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
         if operation == DELETE and overwrite:
@@ -139,14 +138,21 @@ class Table:
                 "which version of a record wins (deletes may leave it out)"
             )
         new_schema = evolve_schema(current, incoming_schema, allow_missing=operation == DELETE)
-        if check_first is not None:
-            check_first(new_schema)
-        txn = WriteTransaction(
+        return WriteTransaction(
             self.storage, self.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
             "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
             partition_depth=len(self.config.partition_by),
         )
+
+    def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False,
+                    check_first: Callable[[pa.Schema], None] | None = None) -> WriteTransaction:
+        """Check `incoming_schema` and start an instant (the first half of a write; used by the
+        Spark connector, whose tasks write the files). `check_first(table_schema)` runs after the
+        schema checks and before the instant exists, so a failing check writes nothing."""
+        txn = self.prepare_write(incoming_schema, operation, overwrite)
+        if check_first is not None:
+            check_first(txn.schema)
         txn.begin()
         return txn
 

@@ -57,7 +57,6 @@ from nbcc.stream import (
     latest_data_completion,
     next_offset,
     plan_range,
-    write_template,
 )
 from nbcc.writer import LogWriter, coalesced, prepare
 
@@ -90,7 +89,7 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     max_bytes = parsed.pop("max_log_file_bytes", None)
     trigger = (parsed.pop("compaction_delta_commits", None), parsed.pop("compaction_inline", False))
     table = Table.open_or_create(uri, arrow_schema, storage_options, **parsed)
-    template = write_template(table, arrow_schema, operation, overwrite)
+    template = table.prepare_write(arrow_schema, operation, overwrite)
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
 
