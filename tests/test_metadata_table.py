@@ -27,7 +27,7 @@ import nbcc
 from nbcc import bloom
 from nbcc.index_view import read_rows
 from nbcc.metadata_table import COLUMN_STATS, FILES, KEY_FILTERS, KINDS, open_metadata_table, read_states
-from nbcc.scan import oldest_readable
+from nbcc.scan import ReadOptions, oldest_readable, read_plan, read_schema
 from nbcc.timeline import DATA_ACTIONS, Timeline
 from nbcc.writer import prepare
 from test_pushdown import pushdown
@@ -238,6 +238,26 @@ def test_planning_with_the_files_partition_reads_no_commit_file(tmp_path, monkey
     assert fresh.plan(as_of=as_of).tasks and seen == []
     fresh.plan(use_metadata_table=False)
     assert len(seen) == len(completed_instants(fresh))  # the timeline path reads every commit
+
+
+def test_a_warm_process_takes_the_newest_schemas_from_the_metadata_table_it_read(tmp_path, monkeypatch):
+    """A process that knows the schema up to a few commits ago (its own writes looked it up)
+    takes the newer commits' schemas from the metadata table it reads anyway, not from their
+    commit files: Spark's schema look-up and a filtered plan read no commit file."""
+    uri = str(tmp_path / "t")
+    t = new_table(uri)
+    for ts in range(1, 6):
+        t.write(batch([ts, ts + 10], ts))
+    t.build_index()
+    assert t.schema().names == SCHEMA.names  # this process now knows every commit's schema
+    for ts in range(6, 9):  # a few commits, the last adding column c
+        data = batch([ts], ts)
+        t.write(data.append_column("c", pa.array([ts] * data.num_rows, pa.int64())) if ts == 8 else data)
+    seen = count_metadata_reads(monkeypatch, uri)
+    assert read_schema(t.storage, t.config, ReadOptions()).names == SCHEMA.names + ["c"]
+    plan = t.plan(filter=[("c", "=", 8)])
+    assert plan.metadata_used and seen == []
+    assert rows(read_plan(t.storage, plan)) == [(8, "x", 8, "a8-8", 8008, 8)]  # key 8 is in part x
 
 
 def test_a_point_lookup_opens_only_files_that_may_hold_the_key(tmp_path):

@@ -222,15 +222,18 @@ _FOLD_FROM_INDEX = 16
 
 
 def schema_as_of(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None,
+                 index: MetadataIndex | None = None,
                  index_of: Callable[[], MetadataIndex | None] = lambda: None) -> pa.Schema:
-    """The table's schema as of `as_of` (None: now), without the rest of its view. `index_of()`
-    reads the metadata table, only when many commits are left to fold (a commit's schema is the
+    """The table's schema as of `as_of` (None: now), without the rest of its view. The commits
+    this process has not folded yet are read from `index`, a metadata table already read; without
+    one, `index_of()` reads it only when many commits are left to fold. (A commit's schema is the
     same in both places and no clean removes it, so unlike a file list it may be read after the
-    listing, §18.5)."""
+    listing, §18.5.)"""
     completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
 
     def metas_of(new: list[Instant]) -> dict[str, dict[str, Any]]:
-        return _metadata(storage, new, index_of() if len(new) >= _FOLD_FROM_INDEX else None)
+        return _metadata(storage, new, index if index is not None
+                         else index_of() if len(new) >= _FOLD_FROM_INDEX else None)
 
     return table_schema(storage, config, completed, metas_of)
 
@@ -477,7 +480,7 @@ def read_schema(storage: Storage, config: TableConfig, options: ReadOptions) -> 
     index = load_index(storage, options.use_metadata_table)  # before the listing (format.md §18.5)
     timeline = Timeline.load(storage)
     when = options.as_of if options.query_type != INCREMENTAL else (options.end or timeline.latest_completion())
-    return _output_schema(config, schema_as_of(storage, config, timeline, when, lambda: index), options)
+    return _output_schema(config, schema_as_of(storage, config, timeline, when, index), options)
 
 
 def _index_for(storage: Storage, config: TableConfig, options: ReadOptions) -> MetadataIndex | None:

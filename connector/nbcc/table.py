@@ -28,7 +28,7 @@ from .config import (
 from .errors import InvalidOptionError, SchemaError, TableExistsError, TableNotFoundError
 from .file_slices import FileSlice
 from .filenames import make_token
-from .index_view import load_index
+from .index_view import MetadataIndex, load_index
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .scan import (
@@ -260,11 +260,15 @@ class Table:
 
     # -- reading -----------------------------------------------------------------------------
 
-    def _view(self, when: str | None, use_metadata_table: Any = None, check: bool = False) -> TableView:
+    def _index(self, use_metadata_table: Any) -> MetadataIndex | None:
+        """The metadata table's ready `files` partition, read (None: plan from the timeline)."""
+        use = _bool_option("use_metadata_table")(use_metadata_table) if use_metadata_table is not None else None
+        return load_index(self.storage, use)
+
+    def _view(self, when: str | None, check: bool = False) -> TableView:
         """The table as of `when`: the metadata table is read before the timeline is listed
         (format.md §18.5); with `check`, `when` must be readable."""
-        use = _bool_option("use_metadata_table")(use_metadata_table) if use_metadata_table is not None else None
-        index = load_index(self.storage, use)
+        index = self._index(None)
         timeline = Timeline.load(self.storage)
         if check and when is not None:
             check_readable(self.storage, timeline, when, "as_of")
@@ -274,7 +278,10 @@ class Table:
              incremental_format: str | None = None, include_meta_columns: Any = False,
              filter: Any = None, use_metadata_table: Any = None) -> ScanPlan:
         """Plan a read (see `read`): its output schema and its tasks, one per file group read."""
-        schema = self._view(None, use_metadata_table).schema if filter is not None else None
+        schema = None
+        if filter is not None:  # the filter is parsed against the table's current schema
+            index = self._index(use_metadata_table)  # before the listing (format.md §18.5)
+            schema = schema_as_of(self.storage, self.config, Timeline.load(self.storage), None, index)
         options = ReadOptions.build(query_type=query_type, as_of=as_of, begin=begin, end=end,
                                     incremental_format=incremental_format,
                                     include_meta_columns=include_meta_columns, filter=filter, schema=schema,
@@ -310,7 +317,7 @@ class Table:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""
         when = parse_time_option(as_of, "as_of") if as_of is not None else None
         return schema_as_of(self.storage, self.config, Timeline.load(self.storage), when,
-                            lambda: load_index(self.storage, None))
+                            index_of=lambda: load_index(self.storage, None))
 
     def timeline(self) -> list[Instant]:
         """Every instant on the timeline, oldest first."""
