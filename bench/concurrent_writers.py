@@ -8,13 +8,14 @@ writers also do the same work each on a copy of the table of its own: what four 
 processes make on this machine with nothing shared, a reference for what sharing costs. Each
 figure is the median of ROUNDS rounds; a round runs one writer, four on one table, four on
 separate tables and the machine's own two-process speedup in turn, so drift hits all alike.
-Every timed span starts once each process has prepared its work, at one barrier.
+Every timed span starts once each process has prepared its work, at one barrier. The four
+writer processes are started and warmed up once, and serve every run of the scenario.
 
 nbcc writers never retry a commit; "retries" counts what the layers below retried: storage
 calls nbcc.storage retried after a transient error. Lock CAS races lost (a writer re-reading the
 lock and trying again, which is waiting, not a failed commit) are reported apart. deltalake: four
-processes run the same merges concurrently on a Delta table; we count the merges that fail with a
-commit conflict. Prints one JSON line.
+processes run the first DELTA_MERGES of the same upserts as merges concurrently on a Delta table;
+we count the merges that fail with a commit conflict. Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import delta_upsert, make_rows, upsert_batch  # noqa: E402
@@ -39,6 +41,10 @@ COMMITS = 16
 FRACTION = 0.025
 WARM_UP_COMMITS = 2
 ROUNDS = 5
+WORKERS = 4  # writer processes
+# A deltalake merge rewrites the files of the whole 2M-row table (3-4 s each, four at once on 2
+# cores): 8 a writer show the share that fail as well as 16 did, in half the time.
+DELTA_MERGES = 8
 
 
 class _RetryCount(logging.Handler):
@@ -64,16 +70,11 @@ def writer_batches(rows: int, writer: int) -> list:
     return [upsert_batch(rows, FRACTION, seed=100 + writer * 100 + c, ts=100 + c) for c in range(COMMITS)]
 
 
-def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
+def nbcc_writer(uri: str, batches: list, start, retries: _RetryCount) -> dict:
     import nbcc
 
-    retries = _RetryCount()
-    logger = logging.getLogger("nbcc.storage")  # its retries log one record each
-    logger.addHandler(retries)
-    logger.setLevel(logging.DEBUG)
-    table = nbcc.Table.open(uri)
-    batches = writer_batches(rows, writer)
-    warm_up(table, f"{uri}-warm-up-{writer}", batches[:WARM_UP_COMMITS])
+    table = nbcc.Table.open(uri)  # a table of its own: its lock statistics are this run's
+    retried_before = retries.count
     began = released(start)
     failed = 0
     for b in batches:
@@ -82,9 +83,10 @@ def nbcc_writer(uri: str, rows: int, writer: int, start, results) -> None:
         except Exception:  # noqa: BLE001 - counted
             failed += 1
     lock = table.clock.stats
-    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "began": began,
-                 "end": time.perf_counter(), "retries": retries.count, "cas_conflicts": lock.cas_conflicts,
-                 "lock_wait_ms": lock.total_wait_ms, "lock_hold_ms": lock.total_hold_ms})
+    return {"failed": failed, "rows": sum(b.num_rows for b in batches), "began": began,
+            "end": time.perf_counter(), "retries": retries.count - retried_before,
+            "cas_conflicts": lock.cas_conflicts, "lock_wait_ms": lock.total_wait_ms,
+            "lock_hold_ms": lock.total_hold_ms}
 
 
 def warm_up(table, uri: str, batches: list) -> None:
@@ -100,72 +102,120 @@ def warm_up(table, uri: str, batches: list) -> None:
     shutil.rmtree(uri, ignore_errors=True)
 
 
-def delta_writer(uri: str, rows: int, writer: int, start, results) -> None:
-    import deltalake  # noqa: F401 - imported before the start, so not timed
-
-    batches = writer_batches(rows, writer)
+def delta_writer(uri: str, batches: list, start, retries: _RetryCount) -> dict:
     began = released(start)
     failed = 0
-    for b in batches:
+    for b in batches[:DELTA_MERGES]:
         try:
             delta_upsert(uri, b)
         except Exception:  # noqa: BLE001 - a commit conflict: the merge failed
             failed += 1
-    results.put({"failed": failed, "rows": sum(b.num_rows for b in batches), "began": began,
-                 "end": time.perf_counter(), "retries": 0, "cas_conflicts": 0,
-                 "lock_wait_ms": 0.0, "lock_hold_ms": 0.0})
+    return {"failed": failed, "rows": sum(b.num_rows for b in batches[:DELTA_MERGES]), "began": began,
+            "end": time.perf_counter(), "retries": 0, "cas_conflicts": 0,
+            "lock_wait_ms": 0.0, "lock_hold_ms": 0.0}
 
 
-def _spin(n: int, start, results) -> None:
+def spin(n: int, batches: list, start, retries: _RetryCount) -> dict:
     began = released(start)
     x = 0
     for i in range(n):
         x += i
-    results.put({"began": began, "end": time.perf_counter()})
+    return {"began": began, "end": time.perf_counter()}
 
 
-def started_together(target, args: list[tuple]) -> tuple[float, float, list[dict]]:
-    """Run `target(*a, start, results)` for each `a` in its own process, all released together
-    once every process has prepared its work (imports, batches, warm-up) and waits at the
-    `start` barrier (`released`); (first begin, last end, what each put on `results`). Each
-    process reports when it began and ended (perf_counter is one system-wide monotonic clock on
-    Linux), so no process's preparation falls inside the span: four processes preparing on 2
-    cores took seconds longer than one, which a fixed pause before the start used to count as
-    writing time."""
-    ctx = mp.get_context("spawn")
-    start, results = ctx.Barrier(len(args) + 1), ctx.Queue()
-    procs = [ctx.Process(target=target, args=(*a, start, results)) for a in args]
-    for p in procs:
-        p.start()
-
-    def failed(what: str) -> RuntimeError:
-        codes = [p.exitcode for p in procs]
-        for p in procs:
-            p.kill()
-        return RuntimeError(f"a writer process did not {what}; exit codes {codes}")
-
-    # A process that dies before the start or before reporting (an import error, out of memory)
-    # must not hang the run: wait for all to be ready while watching that none has exited.
-    deadline = time.monotonic() + 600
-    while start.n_waiting < len(procs):
-        if any(p.exitcode is not None for p in procs) or time.monotonic() > deadline:
-            start.abort()  # whoever already waits is released with an error
-            raise failed("get ready")
-        time.sleep(0.05)
-    try:
-        start.wait(timeout=60)
-    except threading.BrokenBarrierError:
-        raise failed("start") from None
-    try:
-        outs = [results.get(timeout=600) for _ in procs]
-    except queue.Empty:
-        raise failed("report") from None
-    for p in procs:
-        p.join()
-    return min(o["began"] for o in outs), max(o["end"] for o in outs), outs
+TASKS = {"nbcc": nbcc_writer, "delta": delta_writer, "spin": spin}
 
 
-def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
+def serve(writer: int, rows: int, like: str, inbox, results, barriers: dict) -> None:
+    """A worker process: prepares once (imports, its batches, a warm-up on a scratch table made
+    like the table at `like`), then runs the tasks sent to its `inbox` until it gets None."""
+    import deltalake  # noqa: F401 - imported before any start, so never timed
+    import nbcc
+
+    retries = _RetryCount()
+    logger = logging.getLogger("nbcc.storage")  # its retries log one record each
+    logger.addHandler(retries)
+    logger.setLevel(logging.DEBUG)
+    batches = writer_batches(rows, writer)
+    warm_up(nbcc.Table.open(like), f"{like}-warm-up-{writer}", batches[:WARM_UP_COMMITS])
+    while (task := inbox.get()) is not None:
+        name, arg, parties = task
+        start = barriers[parties]
+        try:
+            results.put(TASKS[name](arg, batches, start, retries))
+        except BaseException as exc:  # noqa: BLE001 - reported to the main process, which stops
+            start.abort()  # whoever waits at the start is released with an error
+            results.put({"error": f"worker {writer}, task {name}: {exc!r}"})
+            return
+
+
+class Workers:
+    """WORKERS processes, spawned and prepared once for the whole scenario; each run hands
+    some of them a task. Started afresh for every run (12 a round), preparing took 3-5 s a run
+    on 2 cores, more than the timed writing itself (1-3 s)."""
+
+    def __init__(self, rows: int, like: str):
+        ctx = mp.get_context("spawn")
+        # One barrier per number of parties (the main process is one): a run of k workers
+        # releases them together once each has prepared its task and waits.
+        self.barriers = {k: ctx.Barrier(k + 1) for k in (1, 2, WORKERS)}
+        self.inboxes = [ctx.Queue() for _ in range(WORKERS)]
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=serve, args=(w, rows, like, self.inboxes[w], self.results, self.barriers),
+                                  daemon=True) for w in range(WORKERS)]
+        for p in self.procs:
+            p.start()
+
+    def __enter__(self) -> "Workers":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for p in self.procs:
+            p.join(timeout=30)
+            if p.exitcode is None:
+                p.kill()
+
+    def _failed(self, what: str) -> RuntimeError:
+        codes = [p.exitcode for p in self.procs]
+        try:
+            reason = self.results.get(timeout=5).get("error", "")
+        except queue.Empty:
+            reason = ""
+        return RuntimeError(f"a worker process did not {what}; exit codes {codes} {reason}".rstrip())
+
+    def run(self, task: str, args: list[Any]) -> tuple[float, float, list[dict]]:
+        """Run `task` with `args[w]` on worker w, all released together at one barrier once each
+        has prepared its work; (first begin, last end, what each returned). Each worker reports
+        when it began and ended (perf_counter is one system-wide monotonic clock on Linux), so no
+        preparation falls inside the span."""
+        start = self.barriers[len(args)]
+        for w, arg in enumerate(args):
+            self.inboxes[w].put((task, arg, len(args)))
+        # A worker that dies or fails before the start (an import error, out of memory) must not
+        # hang the run: wait for all to be ready while watching that none has exited or failed.
+        deadline = time.monotonic() + 600
+        while start.n_waiting < len(args):
+            if start.broken or any(p.exitcode is not None for p in self.procs) or time.monotonic() > deadline:
+                start.abort()
+                raise self._failed("get ready")
+            time.sleep(0.01)
+        try:
+            start.wait(timeout=60)
+        except threading.BrokenBarrierError:
+            raise self._failed("start") from None
+        try:
+            outs = [self.results.get(timeout=600) for _ in args]
+        except queue.Empty:
+            raise self._failed("report") from None
+        errors = [o["error"] for o in outs if "error" in o]
+        if errors:
+            raise RuntimeError("; ".join(errors))
+        return min(o["began"] for o in outs), max(o["end"] for o in outs), outs
+
+
+def machine_speedup(workers: Workers, procs: int = 2, n: int = 10_000_000) -> float:
     """A rough gauge of the parallel speedup this machine allows just now: the throughput of
     `procs` processes each spinning the same CPU-bound loop, over one process alone. On a 2-core
     VM whose cores are hyperthreads or are shared with other guests it is below 2 and changes
@@ -174,15 +224,14 @@ def machine_speedup(procs: int = 2, n: int = 10_000_000) -> float:
     writers on separate tables are (7)'s reference."""
     walls = {}
     for k in (1, procs):
-        t0, end, _ = started_together(_spin, [(n,)] * k)
+        t0, end, _ = workers.run("spin", [n] * k)
         walls[k] = end - t0
     return procs * walls[1] / walls[procs]
 
 
-def run(target, uris: list[str], rows: int) -> dict:
-    """One process per entry of `uris` (writer w writes uris[w]) running `target` at once."""
-    writers = len(uris)
-    t0, end, outs = started_together(target, [(u, rows, w) for w, u in enumerate(uris)])
+def run(workers: Workers, task: str, uris: list[str]) -> dict:
+    """Worker w writes uris[w], all at once."""
+    t0, end, outs = workers.run(task, uris)
     wall = end - t0
 
     def total(key: str) -> float:
@@ -191,8 +240,8 @@ def run(target, uris: list[str], rows: int) -> dict:
             "rows_per_s": total("rows") / wall, "retries": total("retries"),
             "cas_conflicts": total("cas_conflicts"),
             # the share of the writers' time spent waiting for, and holding, the table lock
-            "lock_wait_share": total("lock_wait_ms") / 1000 / (writers * wall),
-            "lock_hold_share": total("lock_hold_ms") / 1000 / (writers * wall)}
+            "lock_wait_share": total("lock_wait_ms") / 1000 / (len(uris) * wall),
+            "lock_hold_share": total("lock_hold_ms") / 1000 / (len(uris) * wall)}
 
 
 def main() -> None:
@@ -205,33 +254,38 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=ROUNDS)
     a = p.parse_args()
     ones, fours, separate, machine = [], [], [], []
-    for r in range(a.rounds):  # every round on fresh copies of the same table
-        for runs, writers, apart in ((ones, 1, False), (fours, 4, False), (separate, 4, True)):
-            uri = f"{a.table}-{writers}-{'apart' if apart else 'shared'}-{r}"
-            uris = [f"{uri}-{w}" for w in range(writers)] if apart else [uri] * writers
-            tables = sorted(set(uris))
-            try:
-                for t in tables:
-                    shutil.copytree(a.table, t)
-                # Written back before the writers start, so that no run's fsyncs wait for it
-                # (the separate tables copy four times the bytes).
-                os.sync()
-                runs.append(run(nbcc_writer, uris, a.rows))
-            finally:
-                for t in tables:
-                    shutil.rmtree(t, ignore_errors=True)
-        machine.append(machine_speedup())
-    one_rps = statistics.median(o["rows_per_s"] for o in ones)
-    four_rps = statistics.median(o["rows_per_s"] for o in fours)
-    separate_rps = statistics.median(o["rows_per_s"] for o in separate)
-    if any(o["failed"] for o in separate):  # a reference that failed to write measures nothing
-        raise RuntimeError(f"writers on separate tables failed {sum(o['failed'] for o in separate)} commits")
     delta_uri = str(Path(a.work) / "s7-delta")
     shutil.rmtree(delta_uri, ignore_errors=True)
-    deltalake.write_deltalake(delta_uri, make_rows(a.rows))
-    delta = run(delta_writer, [delta_uri] * 4, a.rows)
+    with Workers(a.rows, a.table) as workers:
+        for r in range(a.rounds):  # every round on fresh copies of the same table
+            for runs, writers, apart in ((ones, 1, False), (fours, WORKERS, False), (separate, WORKERS, True)):
+                uri = f"{a.table}-{writers}-{'apart' if apart else 'shared'}-{r}"
+                uris = [f"{uri}-{w}" for w in range(writers)] if apart else [uri] * writers
+                tables = sorted(set(uris))
+                try:
+                    for t in tables:
+                        # Linked, not copied: nbcc never changes a file in place (it creates new
+                        # ones and renames), so a copy's writes cannot reach the base table, and
+                        # there are no copied bytes to write back (the four separate tables'
+                        # copies took 4 s of os.sync a round).
+                        shutil.copytree(a.table, t, copy_function=os.link)
+                    # The earlier runs' files written back before the writers start, so that no
+                    # run's fsyncs wait for them.
+                    os.sync()
+                    runs.append(run(workers, "nbcc", uris))
+                finally:
+                    for t in tables:
+                        shutil.rmtree(t, ignore_errors=True)
+            machine.append(machine_speedup(workers))
+        one_rps = statistics.median(o["rows_per_s"] for o in ones)
+        four_rps = statistics.median(o["rows_per_s"] for o in fours)
+        separate_rps = statistics.median(o["rows_per_s"] for o in separate)
+        if any(o["failed"] for o in separate):  # a reference that failed to write measures nothing
+            raise RuntimeError(f"writers on separate tables failed {sum(o['failed'] for o in separate)} commits")
+        deltalake.write_deltalake(delta_uri, make_rows(a.rows))
+        delta = run(workers, "delta", [delta_uri] * WORKERS)
     print(json.dumps({
-        "nbcc_commits": a.rounds * 4 * COMMITS, "nbcc_failed": sum(o["failed"] for o in fours),
+        "nbcc_commits": a.rounds * WORKERS * COMMITS, "nbcc_failed": sum(o["failed"] for o in fours),
         "nbcc_retries": sum(o["retries"] for o in fours),
         "nbcc_lock_cas_races": sum(o["cas_conflicts"] for o in fours),
         "nbcc_rows_per_s_1_writer": round(one_rps), "nbcc_rows_per_s_4_writers": round(four_rps),
@@ -241,7 +295,7 @@ def main() -> None:
         "machine_2_process_speedup": round(statistics.median(machine), 2),
         "nbcc_rows_per_s_4_separate_tables": round(separate_rps),
         "separate_tables_4_vs_1": round(separate_rps / one_rps, 2),
-        "deltalake_merges": 4 * COMMITS, "deltalake_failed": delta["failed"],
+        "deltalake_merges": WORKERS * DELTA_MERGES, "deltalake_failed": delta["failed"],
     }))
 
 
