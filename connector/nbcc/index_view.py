@@ -170,12 +170,13 @@ class MetadataIndex:
 
     # -- files -----------------------------------------------------------------------------------
 
-    def file_metas(self, instants: Iterable[Instant]) -> dict[str, dict[str, Any]]:
-        """Commit metadata (schema and files) of the given instants that the index covers."""
+    def file_metas(self, instants: Iterable[Instant], files: bool = True) -> dict[str, dict[str, Any]]:
+        """Commit metadata (schema and files) of the given instants that the index covers; with
+        `files=False` the schema only (the markers alone: no file rows turned into Python)."""
         kind = self.kinds[FILES]
-        files = kind.by_instant()
+        by_instant = kind.by_instant() if files else {}
         return {i.instant: {"instant": i.instant, "action": i.action, "schema": kind.schema_of(i.instant),
-                            "files": files.get(i.instant, [])}
+                            "files": by_instant.get(i.instant, [])}
                 for i in instants if i.instant in kind.markers}
 
     # -- column statistics -------------------------------------------------------------------------

@@ -233,7 +233,7 @@ def schema_as_of(storage: Storage, config: TableConfig, timeline: Timeline, as_o
 
     def metas_of(new: list[Instant]) -> dict[str, dict[str, Any]]:
         return _metadata(storage, new, index if index is not None
-                         else index_of() if len(new) >= _FOLD_FROM_INDEX else None)
+                         else index_of() if len(new) >= _FOLD_FROM_INDEX else None, files=False)
 
     return table_schema(storage, config, completed, metas_of)
 
@@ -251,10 +251,13 @@ def _new_schemas(metas: Iterable[Mapping[str, Any]], seen: set[tuple[str, ...]])
             yield schema_from_json(fields)
 
 
-def _metadata(storage: Storage, completed: list[Instant], index: MetadataIndex | None) -> dict[str, dict[str, Any]]:
+def _metadata(storage: Storage, completed: list[Instant], index: MetadataIndex | None,
+              files: bool = True) -> dict[str, dict[str, Any]]:
+    """The commit metadata of `completed`, from `index` where it covers them; `files=False`:
+    only their schemas are needed (what the index gives then has no file list)."""
     if index is None or not index.has(FILES):
         return read_commit_metadatas(storage, completed)
-    metas = index.file_metas(completed)
+    metas = index.file_metas(completed, files)
     for i in completed:
         if i.instant not in metas and i.action in (CLEAN, INDEXING):  # they add no files and no columns
             metas[i.instant] = {"files": []}
