@@ -37,7 +37,7 @@ demo: check-java install
 test: check-java install-test
 	$(PY) -m pytest -q tests
 
-# Benchmarks (about 12 minutes on 2 cores at the default 2M rows): writes bench/results.md and results.json.
+# Benchmarks (about 10 minutes on 2 cores at the default 2M rows): writes bench/results.md and results.json.
 # Sizes: make bench BENCH_ARGS="--rows 500000 --commits 500 --scale-rows 0"
 bench: check-java install-bench
 	$(PY) bench/run.py $(BENCH_ARGS)

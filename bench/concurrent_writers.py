@@ -60,8 +60,10 @@ class _RetryCount(logging.Handler):
 
 
 def released(start) -> float:
-    """Wait at the `start` barrier (every process prepared); the time the timed work began."""
-    start.wait()
+    """Wait at the `start` barrier (every process prepared); the time the timed work began.
+    Bounded, so that a worker whose main process died does not wait forever (the main process
+    waits up to 11 min for every worker to be ready)."""
+    start.wait(timeout=900)
     return time.perf_counter()
 
 
@@ -138,7 +140,7 @@ def serve(writer: int, rows: int, like: str, inbox, results, barriers: dict) -> 
     logger.setLevel(logging.DEBUG)
     batches = writer_batches(rows, writer)
     warm_up(nbcc.Table.open(like), f"{like}-warm-up-{writer}", batches[:WARM_UP_COMMITS])
-    while (task := inbox.get()) is not None:
+    while (task := next_task(inbox)) is not None:
         name, arg, parties = task
         start = barriers[parties]
         try:
@@ -147,6 +149,17 @@ def serve(writer: int, rows: int, like: str, inbox, results, barriers: dict) -> 
             start.abort()  # whoever waits at the start is released with an error
             results.put({"error": f"worker {writer}, task {name}: {exc!r}"})
             return
+
+
+def next_task(inbox) -> Any:
+    """The next task sent, or None once the main process is gone (killed by run.py's timeout,
+    say): a worker must not wait for it forever."""
+    while True:
+        try:
+            return inbox.get(timeout=5)
+        except queue.Empty:
+            if not mp.parent_process().is_alive():
+                return None
 
 
 class Workers:
@@ -264,10 +277,12 @@ def main() -> None:
                 tables = sorted(set(uris))
                 try:
                     for t in tables:
-                        # Linked, not copied: nbcc never changes a file in place (it creates new
-                        # ones and renames), so a copy's writes cannot reach the base table, and
-                        # there are no copied bytes to write back (the four separate tables'
-                        # copies took 4 s of os.sync a round).
+                        # Linked, not copied: nbcc never writes into a file that exists (metadata
+                        # goes through a new file linked or renamed into place; a data file's name
+                        # holds an instant issued after the base table's last one, or a random
+                        # token), so a copy's writes cannot reach the base table, and there are
+                        # no copied bytes to write back (the four separate tables' copies took
+                        # 4 s of os.sync a round).
                         shutil.copytree(a.table, t, copy_function=os.link)
                     # The earlier runs' files written back before the writers start, so that no
                     # run's fsyncs wait for them.
