@@ -172,12 +172,15 @@ class MetadataIndex:
 
     def file_metas(self, instants: Iterable[Instant], files: bool = True) -> dict[str, dict[str, Any]]:
         """Commit metadata (schema and files) of the given instants that the index covers; with
-        `files=False` the schema only (the markers alone: no file rows turned into Python)."""
+        `files=False` without `files` (the markers alone: no file rows turned into Python)."""
         kind = self.kinds[FILES]
-        by_instant = kind.by_instant() if files else {}
-        return {i.instant: {"instant": i.instant, "action": i.action, "schema": kind.schema_of(i.instant),
-                            "files": by_instant.get(i.instant, [])}
-                for i in instants if i.instant in kind.markers}
+        metas = {i.instant: {"instant": i.instant, "action": i.action, "schema": kind.schema_of(i.instant)}
+                 for i in instants if i.instant in kind.markers}
+        if files:
+            by_instant = kind.by_instant()
+            for instant, meta in metas.items():
+                meta["files"] = by_instant.get(instant, [])
+        return metas
 
     # -- column statistics -------------------------------------------------------------------------
 

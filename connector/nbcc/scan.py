@@ -232,8 +232,10 @@ def schema_as_of(storage: Storage, config: TableConfig, timeline: Timeline, as_o
     completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
 
     def metas_of(new: list[Instant]) -> dict[str, dict[str, Any]]:
-        return _metadata(storage, new, index if index is not None
-                         else index_of() if len(new) >= _FOLD_FROM_INDEX else None, files=False)
+        source = index
+        if source is None and len(new) >= _FOLD_FROM_INDEX:
+            source = index_of()
+        return _metadata(storage, new, source, files=False)
 
     return table_schema(storage, config, completed, metas_of)
 
@@ -254,7 +256,7 @@ def _new_schemas(metas: Iterable[Mapping[str, Any]], seen: set[tuple[str, ...]])
 def _metadata(storage: Storage, completed: list[Instant], index: MetadataIndex | None,
               files: bool = True) -> dict[str, dict[str, Any]]:
     """The commit metadata of `completed`, from `index` where it covers them; `files=False`:
-    only their schemas are needed (what the index gives then has no file list)."""
+    only their schemas are needed (what the index gives then has no `files`)."""
     if index is None or not index.has(FILES):
         return read_commit_metadatas(storage, completed)
     metas = index.file_metas(completed, files)

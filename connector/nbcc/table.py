@@ -317,7 +317,7 @@ class Table:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""
         when = parse_time_option(as_of, "as_of") if as_of is not None else None
         return schema_as_of(self.storage, self.config, Timeline.load(self.storage), when,
-                            index_of=lambda: load_index(self.storage, None))
+                            index_of=lambda: self._index(None))
 
     def timeline(self) -> list[Instant]:
         """Every instant on the timeline, oldest first."""
