@@ -105,14 +105,15 @@ def warm_up(table, uri: str, batches: list) -> None:
 
 
 def delta_writer(uri: str, batches: list, start, retries: _RetryCount) -> dict:
+    merges = batches[:DELTA_MERGES]
     began = released(start)
     failed = 0
-    for b in batches[:DELTA_MERGES]:
+    for b in merges:
         try:
             delta_upsert(uri, b)
         except Exception:  # noqa: BLE001 - a commit conflict: the merge failed
             failed += 1
-    return {"failed": failed, "rows": sum(b.num_rows for b in batches[:DELTA_MERGES]), "began": began,
+    return {"failed": failed, "rows": sum(b.num_rows for b in merges), "began": began,
             "end": time.perf_counter(), "retries": 0, "cas_conflicts": 0,
             "lock_wait_ms": 0.0, "lock_hold_ms": 0.0}
 
@@ -171,7 +172,7 @@ class Workers:
         ctx = mp.get_context("spawn")
         # One barrier per number of parties (the main process is one): a run of k workers
         # releases them together once each has prepared its task and waits.
-        self.barriers = {k: ctx.Barrier(k + 1) for k in (1, 2, WORKERS)}
+        self.barriers = {k: ctx.Barrier(k + 1) for k in range(1, WORKERS + 1)}
         self.inboxes = [ctx.Queue() for _ in range(WORKERS)]
         self.results = ctx.Queue()
         self.procs = [ctx.Process(target=serve, args=(w, rows, like, self.inboxes[w], self.results, self.barriers),

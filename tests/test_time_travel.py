@@ -1009,7 +1009,10 @@ def test_a_commit_listed_after_a_later_one_still_adds_its_column(tmp_path):
     late = Instant("20260101000000003", "deltacommit", "completed", "20260101000000004")
     metas = {early.instant: {"schema": schema_to_json(pa.schema(list(ET_SCHEMA) + [("x", pa.string())]))},
              late.instant: {"schema": schema_to_json(pa.schema(list(ET_SCHEMA) + [("y", pa.string())]))}}
-    schema = lambda completed: table_schema(table.storage, table.config, completed, lambda new: metas).names  # noqa: E731
+
+    def schema(completed):
+        return table_schema(table.storage, table.config, completed, lambda new: metas).names
+
     assert schema([late]) == ET_SCHEMA.names + ["y"]
     assert schema([early, late]) == ET_SCHEMA.names + ["x", "y"]
     assert schema([early]) == ET_SCHEMA.names + ["x"]  # as of early's completion
