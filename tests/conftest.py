@@ -70,5 +70,17 @@ def any_table(request, tmp_path):
 
 
 @pytest.fixture
+def children(tmp_path):
+    """Child processes of one test (tests/children.py); any still running at its end is killed."""
+    from children import Children
+
+    work = tmp_path / "children"
+    work.mkdir()
+    kids = Children(work)
+    yield kids
+    kids.close()
+
+
+@pytest.fixture
 def memory_uri():
     return f"memory://nbcc-{uuid.uuid4().hex}"

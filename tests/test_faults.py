@@ -42,7 +42,6 @@ from test_table_services import (
     PRELUDE,
     SCHEMA,
     WAIT_S,
-    Children,
     Ref,
     active_timeline_files,
     completion_of,
@@ -53,15 +52,6 @@ from test_table_services import (
 )
 
 COLUMNS = SCHEMA.names
-
-
-@pytest.fixture
-def children(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    kids = Children(work)
-    yield kids
-    kids.close()
 
 
 # -- 1. a writer killed at each step -------------------------------------------------------------

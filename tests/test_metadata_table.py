@@ -4,18 +4,13 @@ while writers keep writing, and reads that are the same with and without it.
 Reads with the metadata table are compared with reads of the same table planned from the
 timeline alone (`use_metadata_table=False`), whose correctness the rest of the suite shows; each
 comparison also checks that the plan really used the metadata table. Crashes are real SIGKILLs
-of child processes stopped at a chosen step (the `children` pattern of test_table_services.py).
+of child processes stopped at a chosen step (the `children` fixture, tests/children.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -433,61 +428,6 @@ def test_a_micro_batch_commit_indexes_after_completing_and_others_before(tmp_pat
 
 
 # -- real processes: concurrent writers, kills ---------------------------------------------------------
-
-class Children:
-    """Child processes of one test; any still running at the end is killed (by its pid)."""
-
-    def __init__(self, work: Path):
-        self.work = work
-        self.procs: list[tuple[subprocess.Popen, Path]] = []
-
-    def start(self, script: str, *args: str) -> subprocess.Popen:
-        log = self.work / f"child-{len(self.procs)}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
-                                    stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append((proc, log))
-        return proc
-
-    def output(self, proc: subprocess.Popen) -> str:
-        return next(log.read_text(errors="replace") for p, log in self.procs if p is proc)[-4000:]
-
-    def wait_for(self, path: Path, proc: subprocess.Popen) -> Any:
-        deadline = time.monotonic() + WAIT_S
-        while not path.exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"child exited ({proc.returncode}) before {path.name}:\n{self.output(proc)}")
-            assert time.monotonic() < deadline, f"child never wrote {path.name}:\n{self.output(proc)}"
-            time.sleep(0.01)
-        return json.loads(path.read_text())
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        assert proc.poll() is None, f"child exited on its own ({proc.returncode}):\n{self.output(proc)}"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=WAIT_S)
-
-    def finish(self, proc: subprocess.Popen) -> None:
-        try:
-            proc.wait(timeout=WAIT_S * 2)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"child did not finish:\n{self.output(proc)}") from None
-        assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{self.output(proc)}"
-
-    def close(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@pytest.fixture
-def children(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    kids = Children(work)
-    yield kids
-    kids.close()
-
 
 PRELUDE = """
 import json, sys, time

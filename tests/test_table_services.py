@@ -13,10 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -25,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 import nbcc
+from children import Children
 from nbcc.writer import prepare
 
 SCHEMA = pa.schema([("id", pa.int64()), ("part", pa.string()), ("ts", pa.int64()), ("v", pa.string())])
@@ -128,63 +125,6 @@ def incremental_correct_or_clear_error(table: nbcc.Table, begin: str, expected: 
 
 
 # -- child processes ---------------------------------------------------------------------------
-
-class Children:
-    """Child processes started by one test; any still running at the end is killed (by pid)."""
-
-    def __init__(self, work: Path):
-        self.work = work
-        self.procs: list[tuple[subprocess.Popen, Path]] = []
-
-    def start(self, script: str, *args: str) -> subprocess.Popen:
-        log = self.work / f"child-{len(self.procs)}.log"
-        with open(log, "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(script), *args],
-                                    stdout=out, stderr=subprocess.STDOUT)
-        self.procs.append((proc, log))
-        return proc
-
-    def output(self, proc: subprocess.Popen) -> str:
-        return next(log.read_text(errors="replace") for p, log in self.procs if p is proc)[-4000:]
-
-    def wait_for(self, path: Path, proc: subprocess.Popen) -> Any:
-        """Wait until the child wrote `path` (JSON, written atomically); its content."""
-        deadline = time.monotonic() + WAIT_S
-        while not path.exists():
-            if proc.poll() is not None:
-                raise AssertionError(f"child exited ({proc.returncode}) before writing {path.name}:\n"
-                                     f"{self.output(proc)}")
-            assert time.monotonic() < deadline, f"child never wrote {path.name}:\n{self.output(proc)}"
-            time.sleep(0.01)
-        return json.loads(path.read_text())
-
-    def kill(self, proc: subprocess.Popen) -> None:
-        assert proc.poll() is None, f"child exited on its own ({proc.returncode}):\n{self.output(proc)}"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=WAIT_S)
-
-    def finish(self, proc: subprocess.Popen) -> None:
-        try:
-            proc.wait(timeout=WAIT_S)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"child did not finish:\n{self.output(proc)}") from None
-        assert proc.returncode == 0, f"child failed ({proc.returncode}):\n{self.output(proc)}"
-
-    def close(self) -> None:
-        for proc, _ in self.procs:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@pytest.fixture
-def children(tmp_path):
-    work = tmp_path / "work"
-    work.mkdir()
-    kids = Children(work)
-    yield kids
-    kids.close()
-
 
 # Shared by the child scripts: write JSON to a file atomically (the parent polls for it).
 PRELUDE = """
