@@ -44,6 +44,8 @@ from .errors import NbccError, StorageError
 
 log = logging.getLogger(__name__)
 
+# fsspec's memory filesystem is not thread-safe: `ls` reads each name it found again, and raises
+# KeyError for one a thread deleted in between. Its changes and listings take this lock.
 _MEMORY_LOCK = threading.Lock()
 _T = TypeVar("_T")
 
@@ -318,7 +320,8 @@ class Storage:
             if prefix and self.is_s3:
                 entries = self.fs.find(path, maxdepth=1, withdirs=True, prefix=prefix)
             else:
-                entries = self.fs.ls(path, detail=False)
+                with _MEMORY_LOCK if self.is_memory else contextlib.nullcontext():
+                    entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
         return [e.rstrip("/").rsplit("/", 1)[-1] for e in entries]
@@ -340,7 +343,8 @@ class Storage:
 
     def _delete_once(self, path: str) -> None:
         try:
-            self.fs.rm_file(path)
+            with _MEMORY_LOCK if self.is_memory else contextlib.nullcontext():
+                self.fs.rm_file(path)
         except FileNotFoundError:
             pass
         finally:
