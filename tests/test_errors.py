@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 import nbcc
-from nbcc.errors import DataFileError, InvalidOptionError, SchemaError, TableNotFoundError
+from nbcc.errors import DataFileError, InvalidOptionError, SchemaError, TableConfigError, TableNotFoundError
 
 SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()), ("ts", pa.int64())])
 
@@ -128,23 +128,186 @@ def test_corrupt_committed_file_fails_the_read_and_names_it(table):
         table.read()
 
 
-def test_stream_that_fails_part_way_leaves_its_instant_inflight_and_invisible(table):
-    rows = table.read().sort_by("id").to_pylist()
+def _rolled_back_once(table, before_files):
+    """The write after `before_files` was undone at once: its only trace is its rolled-back mark."""
+    marks = _files(table.uri) - before_files
+    assert len(marks) == 1 and next(iter(marks)).endswith(".deltacommit.rolledback"), marks
+    assert table.timeline()[-1].state == "rolledback"
+
+
+def test_stream_that_fails_part_way_is_rolled_back_at_once(table):
+    files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
 
     def batches():
         yield pa.record_batch({"id": [10, 11], "name": ["x", "y"], "ts": [5, 5]})
         yield pa.record_batch({"id": [12, None], "name": ["z", "w"], "ts": [5, 5]})
 
     with pytest.raises(SchemaError, match="null"):
-        table.write(batches())
-    states = [(i.action, i.state) for i in table.timeline()]
-    assert states == [("deltacommit", "completed"), ("deltacommit", "inflight")]
+        table.write(batches(), max_log_file_bytes=1)  # a file per batch: the first one was written
+    _rolled_back_once(table, files)
+    assert [i.state for i in table.timeline()] == ["completed", "rolledback"]
     assert table.read().sort_by("id").to_pylist() == rows
+    table.write(pa.table({"id": [10], "name": ["x"], "ts": [5]}))  # the table takes writes as before
+    assert len(table.read()) == len(rows) + 1
+
+
+def test_a_commit_refused_at_completion_is_rolled_back_at_once(table):
+    # Two writers add column x with different types: the one completing later is refused.
+    files = _files(table.uri)
+
+    def batches():
+        yield pa.record_batch({"id": [10], "name": ["x"], "ts": [5], "x": [1]})
+        nbcc.Table.open(table.uri).write(pa.table({"id": [20], "name": ["o"], "ts": [5], "x": ["s"]}))
+        yield pa.record_batch({"id": [11], "name": ["y"], "ts": [5], "x": [2]})
+
+    with pytest.raises(SchemaError, match="column 'x' was added as string by commit .* as int64"):
+        table.write(batches())
+    # In instant order: the first commit, the refused write, the other writer's commit.
+    assert [i.state for i in table.timeline()] == ["completed", "rolledback", "completed"]
+    assert sorted(table.read().column("id").to_pylist()) == [1, 2, 20]
+    added = {f for f in _files(table.uri) - files if not f.startswith(".nbcc/")}
+    assert added and all(table.timeline()[2].instant in f for f in added)  # only the other writer's files
+
+
+def test_values_that_cannot_be_converted_write_nothing(local_table):
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("t", pa.timestamp("ns")),
+                        ("s", pa.struct([pa.field("a", pa.int64(), nullable=False)]))])
+    t = nbcc.Table.create(uri, schema, "id")
+    files = _files(uri)
+    far = pa.array([0, 32503680000], pa.timestamp("s"))  # the year 3000: past timestamp[ns]
+    with pytest.raises(SchemaError, match=r"column 't': its timestamp\[s\] values cannot be stored as the "
+                                          r"table's timestamp\[ns\]"):
+        t.write(pa.table({"id": [1, 2], "t": far}))
+    with pytest.raises(SchemaError, match="column 's': .*field 'a' .* has nulls"):
+        t.write(pa.table({"id": [1], "s": pa.array([{"a": None}], pa.struct([("a", pa.int64())]))}))
+    assert _files(uri) == files and t.timeline() == []
+
+
+def test_duplicate_column_names_are_refused(table):
+    files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
+    data = pa.Table.from_arrays([pa.array([3]), pa.array(["c"]), pa.array([1]), pa.array(["d"])],
+                                names=["id", "name", "ts", "name"])
+    with pytest.raises(SchemaError, match=r"column name\(s\) \['name'\] appear more than once in the data"):
+        table.write(data)
+    _unchanged(table, files, rows)
+
+
+def test_columns_of_types_parquet_lacks_are_stored_plain(table):
+    # pandas categoricals, Polars strings and embedding arrays: stored as string and list.
+    table.write(pa.table({"id": [3], "name": pa.array(["c"]).dictionary_encode(), "ts": [1],
+                          "tag": pa.array(["t"], pa.string_view()),
+                          "vec": pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))}))
+    assert table.schema().field("tag").type == pa.string()
+    assert table.schema().field("vec").type == pa.list_(pa.float32())
+    got = table.read().sort_by("id").to_pylist()
+    assert got[-1] == {"id": 3, "name": "c", "ts": 1, "tag": "t", "vec": [1.0, 2.0]}
+
+
+def test_a_new_column_without_a_type_or_of_a_type_nbcc_cannot_store_writes_nothing(table):
+    files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
+    with pytest.raises(SchemaError, match="column 'note' has type null .* give it a type"):
+        table.write(pa.table({"id": [3], "name": ["c"], "ts": [1], "note": [None]}))
+    with pytest.raises(SchemaError, match="column 'gap' has type month_day_nano_interval, which nbcc cannot store"):
+        table.write(pa.table({"id": [3], "name": ["c"], "ts": [1],
+                              "gap": pa.array([pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval())}))
+    _unchanged(table, files, rows)
+    table.write(pa.table({"id": [3], "name": [None], "ts": [1]}))  # all None into a typed column: fine
+    assert table.read().sort_by("id").to_pylist()[-1] == {"id": 3, "name": None, "ts": 1}
+
+
+def test_a_delete_flag_that_is_not_boolean_writes_nothing(table):
+    files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
+    with pytest.raises(SchemaError, match="'_nbcc_is_deleted' has type int64; it must be boolean"):
+        table.write(pa.table({"id": [1], "name": ["a"], "ts": [2], "_nbcc_is_deleted": [1]}))
+    _unchanged(table, files, rows)
+    table.write(pa.table({"id": [1], "name": ["z"], "ts": [2], "_nbcc_is_deleted": [None]}))  # untyped: none deleted
+    assert table.read().sort_by("id").column("name").to_pylist() == ["z", "b"]
+
+
+def test_composite_key_values_that_would_make_one_key_text_for_two_keys_write_nothing(local_table):
+    # (`x,k2:y`, `z`) and (`x`, `y,k2:z`) would both be `k1:x,k2:y,k2:z`, which incremental and
+    # change reads select records by.
+    uri, _ = local_table
+    schema = pa.schema([("k1", pa.string()), ("k2", pa.string()), ("v", pa.int64())])
+    t = nbcc.Table.create(uri, schema, ["k1", "k2"], buckets=1)
+    t.write(pa.table({"k1": ["a,b", "c:d"], "k2": ["k1:e", "f"], "v": [1, 2]}, schema=schema))  # ',' and ':' are fine
+    files = _files(uri)
+    for k1, k2, column in [("x,k2:y", "z", "k1"), ("x", "y,k2:z", "k2")]:
+        with pytest.raises(SchemaError, match=f"record key column '{column}' has 1 value.* containing ',k2:'"):
+            t.write(pa.table({"k1": [k1], "k2": [k2], "v": [3]}, schema=schema))
+    assert _files(uri) == files
+
+
+def test_a_delete_adds_no_columns(table):
+    table.write(pa.table({"id": [1], "junk": ["x"]}), operation="delete")
+    assert table.schema().names == ["id", "name", "ts"]
+    assert table.read().column("id").to_pylist() == [2]
+
+
+@pytest.mark.parametrize("settings, error, message", [
+    (dict(schema=pa.schema([("id", pa.int64()), ("a", pa.string()), ("a", pa.int64())])), SchemaError,
+     r"column name\(s\) \['a'\] appear more than once in the schema"),
+    (dict(record_key=["id", "id"]), InvalidOptionError, r"record_key names a column more than once"),
+    (dict(record_key=1), InvalidOptionError, "column names must be a string .* or a list of strings; got 1"),
+    (dict(partition_by="a/b", schema=pa.schema([("id", pa.int64()), ("a/b", pa.string())])), SchemaError,
+     "partition column 'a/b': .* may not be empty, contain '/' or '='"),
+    (dict(partition_by="p", schema=pa.schema([("id", pa.int64()), ("p", pa.list_(pa.int64()))])), SchemaError,
+     "partition column 'p' has type list<item: int64>; partition by a string, integer"),
+    (dict(schema=pa.schema([("id", pa.int64()), ("n", pa.null())])), SchemaError, "column 'n' has type null"),
+    (dict(buckets=2.7), InvalidOptionError, "option 'buckets' must be a positive integer, got 2.7"),
+    (dict(lock_lease_ms=5), InvalidOptionError, "option 'lock_lease_ms' must be an integer of at least 1000"),
+    (dict(schema={"id": "int64"}), InvalidOptionError, "schema must be a pyarrow.Schema"),
+])
+def test_create_refuses_settings_that_would_make_a_broken_table(local_table, settings, error, message):
+    uri, _ = local_table
+    args = {"schema": SCHEMA, "record_key": "id", **settings}
+    with pytest.raises(error, match=message):
+        nbcc.Table.create(uri, args.pop("schema"), args.pop("record_key"), **args)
+    assert not Path(uri).exists()
+
+
+def test_a_damaged_table_json_names_the_table_and_the_problem(table):
+    config = Path(table.uri, ".nbcc", "table.json")
+    good = config.read_text()
+    for damaged, problem in [("{", "is not a JSON object"), (good.replace('"buckets": 2', '"buckets": 0'),
+                             "option 'buckets' must be a positive integer, got 0"),
+                             (good.replace('"record_key"', '"key"'), "lacks the required field 'record_key'")]:
+        config.write_text(damaged)
+        with pytest.raises(TableConfigError, match=f"the nbcc table at {table.uri} cannot be opened: .*{problem}"):
+            nbcc.Table.open(table.uri)
+
+
+def test_write_arguments_are_parsed_like_options(table):
+    files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
+    for bad, message in [({"compaction_delta_commits": -1}, "'compaction_delta_commits' must be a positive integer"),
+                         ({"max_log_file_bytes": "abc"}, "'max_log_file_bytes' must be a positive integer"),
+                         ({"compaction_inline": "no"}, "'compaction_inline' must be true or false")]:
+        with pytest.raises(InvalidOptionError, match=message):
+            table.write(pa.table({"id": [3], "name": ["c"], "ts": [1]}), **bad)
+    _unchanged(table, files, rows)
+    table.write(pa.table({"id": [3], "name": ["c"], "ts": [1]}), compaction_delta_commits="2",
+                compaction_inline="false")
+    assert [(i.action, i.state) for i in table.timeline()][-1] == ("compaction", "requested")  # not run
 
 
 def test_option_that_contradicts_the_table(table):
     with pytest.raises(InvalidOptionError, match="buckets=4 differs from the table's buckets=2"):
         nbcc.Table.open_or_create(table.uri, SCHEMA, buckets=4)
+    with pytest.raises(InvalidOptionError, match="lock_lease_ms=60000 differs from the table's lock_lease_ms=30000"):
+        nbcc.Table.open_or_create(table.uri, SCHEMA, lock_lease_ms=60000)
+    # The same settings in any form create accepts match.
+    nbcc.Table.open_or_create(table.uri, SCHEMA, record_key="id", buckets="2", merge_mode="EVENT_TIME",
+                              ordering_field="ts")
+    nbcc.Table.open_or_create(table.uri, SCHEMA, record_key=["id"])
+
+
+def test_unknown_table_option_is_an_error_for_a_new_or_an_existing_table(table, tmp_path):
+    for uri in (table.uri, str(tmp_path / "new")):
+        with pytest.raises(InvalidOptionError, match=r"unknown table option\(s\): partiton_by\. Valid table "
+                                                     r"options: record_key, .*partition_by"):
+            nbcc.Table.open_or_create(uri, SCHEMA, record_key="id", partiton_by="name")
+    assert not (tmp_path / "new").exists()
 
 
 # -- through Spark -----------------------------------------------------------------------------

@@ -384,6 +384,27 @@ def test_partition_pruning_with_null_and_int_partitions(spark, local_table):
     assert {t.partition for t in plan.tasks} == {"year=2021"}
 
 
+def test_the_null_partition_also_holds_the_string_that_names_it(local_table):
+    # A string equal to the null folder's name is written to that folder (format.md §10): a
+    # filter that the string satisfies must not skip it.
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string())])
+    table = nbcc.Table.create(uri, schema, "id", partition_by="p", buckets=1)
+    table.write(pa.table({"id": [1, 2, 3], "p": ["__HIVE_DEFAULT_PARTITION__", None, "x"]}, schema=schema))
+    all_rows = table.read()
+    for tuples, ref in [
+        ([("p", "=", "__HIVE_DEFAULT_PARTITION__")], pc.field("p") == "__HIVE_DEFAULT_PARTITION__"),
+        ([("p", "is_not_null")], pc.field("p").is_valid()),
+        ([("p", "is_null")], pc.field("p").is_null()),
+        ([("p", "starts_with", "__")], pc.starts_with(pc.field("p"), "__")),
+        ([("p", "=", "x")], pc.field("p") == "x"),
+    ]:
+        expected = _arrow_rows(all_rows.filter(ref))
+        assert expected, tuples
+        assert _arrow_rows(table.read(filter=tuples)) == expected, tuples
+    assert {t.partition for t in table.plan(filter=[("p", "=", "x")]).tasks} == {"p=x"}
+
+
 # -- min/max skipping ----------------------------------------------------------------------------
 
 MM = pa.schema([("id", pa.int64()), ("score", pa.int64()), ("day", pa.date32()), ("seq", pa.int64())])
@@ -700,6 +721,20 @@ def test_python_arrow_expression_filters(py_table):
         assert expected
         assert _arrow_rows(py_table.read(filter=expr)) == expected
     assert py_table.read(filter=pc.field("x") > 1e9).num_rows == 0
+
+
+def test_python_filter_on_a_column_added_after_the_time_read_is_a_clear_error(tmp_path):
+    table = nbcc.Table.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("v", pa.int64())]), "id")
+    table.write(pa.table({"id": [1, 2], "v": [1, 2]}))
+    first = table.timeline()[-1].completion
+    table.write(pa.table({"id": [3], "v": [3], "e": [7]}))
+    assert _arrow_rows(table.read(filter=[("e", "is_null")])) == _arrow_rows(table.read(filter=pc.field("e").is_null()))
+    for spec in ([("e", "is_null")], [("e", "=", 7)]):
+        with pytest.raises(nbcc.InvalidOptionError, match=r"filter column 'e' is not in the table \(as of the time "
+                                                          r"read\); its columns are \['id', 'v'\]"):
+            table.read(as_of=first, filter=spec)
+    with pytest.raises(nbcc.InvalidOptionError, match="the filter cannot be applied to the rows read"):
+        table.read(as_of=first, filter=pc.field("e").is_null())
 
 
 @pytest.mark.parametrize("spec, words", [

@@ -13,6 +13,7 @@ from .errors import (
     NbccError,
     SchemaError,
     StorageError,
+    TableConfigError,
     TableExistsError,
     TableNotFoundError,
 )
@@ -26,4 +27,5 @@ __all__ = [
     "Table", "Instant", "FileSlice", "build_file_slices", "bucket_ids", "file_group_id",
     "NbccError", "TableNotFoundError", "TableExistsError", "InvalidOptionError", "SchemaError",
     "DataFileError", "LockTimeoutError", "LockLostError", "CommitError", "StorageError",
+    "TableConfigError",
 ]

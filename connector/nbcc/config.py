@@ -13,8 +13,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
-from .errors import InvalidOptionError, SchemaError
-from .schema import META_PREFIX, schema_from_json, schema_to_json
+from .errors import InvalidOptionError, NbccError, SchemaError, TableConfigError
+from .schema import META_PREFIX, check_column, check_names, schema_from_json, schema_to_json
 
 FORMAT_VERSION = 1
 TABLE_CONFIG_PATH = ".nbcc/table.json"
@@ -27,6 +27,9 @@ OPERATIONS = (UPSERT, DELETE)
 DEFAULT_BUCKETS = 16
 DEFAULT_MAX_LOG_FILE_BYTES = 512 * 1024 * 1024
 DEFAULT_LOCK_LEASE_MS = 30_000
+# A commit stops unless it holds the lock for less than half the lease; a hold takes a few ms
+# alone and up to hundreds of ms on a loaded machine or object store.
+MIN_LOCK_LEASE_MS = 1_000
 DEFAULT_HEARTBEAT_TIMEOUT_S = 300
 
 
@@ -35,19 +38,31 @@ def _names(value: str | Sequence[str] | None) -> list[str]:
         return []
     if isinstance(value, str):
         return [v.strip() for v in value.split(",") if v.strip()]
-    return [str(v) for v in value]
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise InvalidOptionError(
+            f"column names must be a string (comma-separated) or a list of strings; got {value!r}"
+        )
+    return list(value)
+
+
+def _at_least(name: str, least: int, what: str = "a positive integer") -> Callable[[Any], int]:
+    def parse(value: Any) -> int:
+        # int("2.7") fails but int(2.7) truncates and int(True) is 1: neither is what was meant.
+        if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+            n = None
+        else:
+            try:
+                n = int(value)
+            except (TypeError, ValueError):
+                n = None
+        if n is None or n < least:
+            raise InvalidOptionError(f"option {name!r} must be {what}, got {value!r}")
+        return n
+    return parse
 
 
 def _positive_int(name: str) -> Callable[[Any], int]:
-    def parse(value: Any) -> int:
-        try:
-            n = int(value)
-        except (TypeError, ValueError):
-            raise InvalidOptionError(f"option {name!r} must be a positive integer, got {value!r}") from None
-        if n < 1:
-            raise InvalidOptionError(f"option {name!r} must be a positive integer, got {value!r}")
-        return n
-    return parse
+    return _at_least(name, 1)
 
 
 def _choice(name: str, choices: Sequence[str]) -> Callable[[Any], str]:
@@ -88,6 +103,12 @@ TABLE_OPTIONS: dict[str, OptionSpec] = {
     "partition_by": OptionSpec(_names, "partition column(s), comma-separated (Hive-style folders)"),
     "buckets": OptionSpec(_positive_int("buckets"), f"number of buckets (file groups) per partition, default {DEFAULT_BUCKETS}"),
     "merge_mode": OptionSpec(_choice("merge_mode", MERGE_MODES), "event_time | commit_time | partial_update"),
+    "lock_lease_ms": OptionSpec(_at_least("lock_lease_ms", MIN_LOCK_LEASE_MS,
+                                          f"an integer of at least {MIN_LOCK_LEASE_MS} (milliseconds)"),
+                                f"lease of the table lock, default {DEFAULT_LOCK_LEASE_MS} ms"),
+    "heartbeat_timeout_s": OptionSpec(_positive_int("heartbeat_timeout_s"),
+                                      "seconds without a heartbeat before a write counts as failed, "
+                                      f"default {DEFAULT_HEARTBEAT_TIMEOUT_S}"),
 }
 WRITE_OPTIONS: dict[str, OptionSpec] = {
     **TABLE_OPTIONS,
@@ -167,6 +188,33 @@ def parse_options(options: Mapping[str, Any], specs: Mapping[str, OptionSpec], k
     return parsed, storage
 
 
+def _check_partition_column(name: str, t: pa.DataType) -> None:
+    # A partition value becomes a folder name `name=value` (partitions.py): the name is not
+    # escaped, and the value must be text, as in Hive and Spark.
+    if not name or "/" in name or "=" in name or name.startswith("."):
+        raise SchemaError(
+            f"partition column {name!r}: a partition column's name becomes a folder name, so it may "
+            "not be empty, contain '/' or '=', or start with '.'; rename the column"
+        )
+    scalar = (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
+              or pa.types.is_boolean(t) or pa.types.is_date(t) or pa.types.is_timestamp(t)
+              or pa.types.is_decimal(t) or pa.types.is_floating(t))
+    if not scalar:
+        raise SchemaError(
+            f"partition column {name!r} has type {t}; partition by a string, integer, boolean, date, "
+            "timestamp, decimal or float column"
+        )
+
+
+def parse_table_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`Table.create`'s settings given by name (a first write's), parsed; unknown names are an error."""
+    unknown = sorted(str(k) for k in options if k not in TABLE_OPTIONS)
+    if unknown:
+        raise InvalidOptionError(f"unknown table option(s): {', '.join(unknown)}. "
+                                 f"Valid table options: {', '.join(TABLE_OPTIONS)}")
+    return {k: TABLE_OPTIONS[k].parse(v) for k, v in options.items() if v is not None}
+
+
 @dataclass(frozen=True)
 class TableConfig:
     schema: pa.Schema
@@ -190,26 +238,38 @@ class TableConfig:
               lock_lease_ms: int = DEFAULT_LOCK_LEASE_MS,
               heartbeat_timeout_s: int = DEFAULT_HEARTBEAT_TIMEOUT_S) -> "TableConfig":
         """Validate the settings of a new table."""
+        if not isinstance(schema, pa.Schema):
+            raise InvalidOptionError(f"schema must be a pyarrow.Schema (e.g. pa.schema([...]) or "
+                                     f"table.schema); got {type(schema).__name__}")
         keys = tuple(_names(record_key))
         if not keys:
             raise SchemaError(
                 "record_key is required to create a table: name the column(s) that identify a "
                 "record, e.g. record_key='id' (Spark: .option('record_key', 'id'))"
             )
+        parts = tuple(_names(partition_by))
+        ordering_field = _optional_name(ordering_field) if ordering_field is not None else None
+        check_names(schema.names, "the schema")
         names = set(schema.names)
         reserved = [n for n in schema.names if n.startswith(META_PREFIX)]
         if reserved:
             raise SchemaError(f"column name(s) {reserved} use the reserved prefix {META_PREFIX!r}; rename them")
-        for role, cols in (("record_key", keys), ("partition_by", tuple(_names(partition_by))),
+        for f in schema:
+            check_column(f.name, f.type)
+        for role, cols in (("record_key", keys), ("partition_by", parts),
                            ("ordering_field", (ordering_field,) if ordering_field else ())):
             missing = [c for c in cols if c not in names]
             if missing:
                 raise SchemaError(f"{role} column(s) {missing} are not in the schema; columns are: {schema.names}")
+            if len(set(cols)) < len(cols):
+                raise InvalidOptionError(f"{role} names a column more than once: {list(cols)}")
         for k in keys:
             t = schema.field(k).type
             if not (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_integer(t)
                     or pa.types.is_date(t)):
                 raise SchemaError(f"record key column {k!r} has type {t}; supported: string, integer, date")
+        for c in parts:
+            _check_partition_column(c, schema.field(c).type)
         if ordering_field:
             t = schema.field(ordering_field).type
             if not (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
@@ -220,11 +280,11 @@ class TableConfig:
         mode = _choice("merge_mode", MERGE_MODES)(mode)
         if mode == EVENT_TIME and not ordering_field:
             raise SchemaError("merge_mode event_time needs an ordering_field: name the column whose greatest value wins")
-        buckets = _positive_int("buckets")(buckets)
         # Record keys are never null (a null partition value goes to __HIVE_DEFAULT_PARTITION__).
         fields = [f.with_nullable(False) if f.name in keys else f for f in schema]
-        return cls(pa.schema(fields), keys, ordering_field, tuple(_names(partition_by)), buckets, mode,
-                   int(lock_lease_ms), _positive_int("heartbeat_timeout_s")(heartbeat_timeout_s))
+        return cls(pa.schema(fields), keys, ordering_field, parts, TABLE_OPTIONS["buckets"].parse(buckets), mode,
+                   TABLE_OPTIONS["lock_lease_ms"].parse(lock_lease_ms),
+                   TABLE_OPTIONS["heartbeat_timeout_s"].parse(heartbeat_timeout_s))
 
     def to_json(self) -> bytes:
         doc = {
@@ -243,26 +303,41 @@ class TableConfig:
         return json.dumps(doc, indent=2).encode()
 
     @classmethod
-    def from_json(cls, data: bytes) -> "TableConfig":
-        doc = json.loads(data)
-        version = doc.get("format_version")
+    def from_json(cls, data: bytes, where: str = TABLE_CONFIG_PATH) -> "TableConfig":
+        try:
+            doc = json.loads(data)
+            version = doc.get("format_version")
+        except (ValueError, AttributeError) as exc:
+            raise TableConfigError(f"{where} is not a JSON object ({exc})") from None
         if version != FORMAT_VERSION:
             raise SchemaError(f"table format version {version} is not supported by this nbcc (supports {FORMAT_VERSION})")
         known = {"format_version", "schema", "record_key", "ordering_field", "partition_by", "buckets",
                  "merge_mode", "lock_lease_ms", "heartbeat_timeout_s", "metadata_table"}
-        return cls(
-            schema=schema_from_json(doc["schema"]),
-            record_key=tuple(doc["record_key"]),
-            ordering_field=doc.get("ordering_field"),
-            partition_by=tuple(doc.get("partition_by") or ()),
-            buckets=int(doc["buckets"]),
-            merge_mode=doc["merge_mode"],
-            lock_lease_ms=int(doc.get("lock_lease_ms", DEFAULT_LOCK_LEASE_MS)),
-            heartbeat_timeout_s=int(doc.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S)),
-            format_version=version,
-            metadata_table=dict(doc.get("metadata_table") or {}),
-            extra={k: v for k, v in doc.items() if k not in known},
-        )
+        try:
+            config = cls(
+                schema=schema_from_json(doc["schema"]),
+                record_key=tuple(_names(doc["record_key"])),
+                ordering_field=doc.get("ordering_field"),
+                partition_by=tuple(_names(doc.get("partition_by") or ())),
+                buckets=_positive_int("buckets")(doc["buckets"]),
+                merge_mode=_choice("merge_mode", MERGE_MODES)(doc["merge_mode"]),
+                lock_lease_ms=_positive_int("lock_lease_ms")(doc.get("lock_lease_ms", DEFAULT_LOCK_LEASE_MS)),
+                heartbeat_timeout_s=_positive_int("heartbeat_timeout_s")(
+                    doc.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S)),
+                format_version=version,
+                metadata_table=dict(doc.get("metadata_table") or {}),
+                extra={k: v for k, v in doc.items() if k not in known},
+            )
+        except KeyError as exc:
+            raise TableConfigError(f"{where} lacks the required field {exc}") from None
+        except (NbccError, TypeError, ValueError, AttributeError) as exc:
+            raise TableConfigError(f"{where} holds an invalid value: {exc}") from None
+        named = config.record_key + config.partition_by + ((config.ordering_field,) if config.ordering_field else ())
+        absent = [c for c in named if c not in config.schema.names]
+        if not config.record_key or absent:
+            raise TableConfigError(f"{where} names columns its schema lacks: {absent}" if absent
+                                   else f"{where} has an empty record_key")
+        return config
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Table-shaping options given to a write of an existing table must match it."""
@@ -272,6 +347,8 @@ class TableConfig:
             "partition_by": list(self.partition_by),
             "buckets": self.buckets,
             "merge_mode": self.merge_mode,
+            "lock_lease_ms": self.lock_lease_ms,
+            "heartbeat_timeout_s": self.heartbeat_timeout_s,
         }
         for name, value in options.items():
             if name in current and value not in (None, [], "") and value != current[name]:

@@ -13,6 +13,10 @@ class TableExistsError(NbccError):
     """`Table.create` was called on a URI that already holds a table."""
 
 
+class TableConfigError(NbccError):
+    """`.nbcc/table.json` is damaged: not JSON, or a field is missing or invalid."""
+
+
 class InvalidOptionError(NbccError, ValueError):
     """An option or argument is unknown or has a bad value."""
 

@@ -226,7 +226,8 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
         if op not in OPERATORS:
             raise InvalidOptionError(f"filter operator {item[1]!r} is unknown; use one of {', '.join(OPERATORS)}")
         if column not in schema.names:
-            raise InvalidOptionError(f"filter column {column!r} is not in the table; columns are {schema.names}")
+            raise InvalidOptionError(f"filter column {column!r} is not in the table (as of the time read); "
+                                     f"its columns are {schema.names}")
         field = schema.field(column)
         if not supported_type(field.type) and op not in ("is_null", "is_not_null"):
             raise InvalidOptionError(

@@ -21,6 +21,8 @@ input partition each), and each task is read independently.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import threading
 from collections import OrderedDict, defaultdict
@@ -40,7 +42,7 @@ from .file_slices import FileSlice, build_file_slices
 from .filenames import parse_data_file
 from .index_view import MetadataIndex, load_index
 from .metadata_table import COLUMN_STATS, FILES, KEY_FILTERS
-from .partitions import parse_partition_path
+from .partitions import NULL_PARTITION, parse_partition_path
 from .reader import iter_files, read_columns, read_files
 from .schema import COMMIT_TIME_COL, RECORD_KEY_COL, constant_strings, file_schema, merge_added_columns, schema_from_json
 from .storage import Storage
@@ -121,12 +123,18 @@ class ReadOptions:
         end_t = parse_time_option(end, "end") if end is not None else None
         if begin_t and end_t and begin_t > end_t:
             raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
-        preds, arrow_filter = parse_filter(filter, schema) if filter is not None else ((), None)
-        if (preds or arrow_filter is not None) and qt == INCREMENTAL and fmt == CDC:
-            raise InvalidOptionError("filter applies to snapshot, read_optimized and latest_state reads, not cdc")
         use_mdt = _bool_option("use_metadata_table")(use_metadata_table) if use_metadata_table is not None else None
-        return cls(qt, parse_time_option(as_of, "as_of") if as_of is not None else None, begin_t, end_t, fmt,
-                   meta, preds, arrow_filter, use_mdt)
+        options = cls(qt, parse_time_option(as_of, "as_of") if as_of is not None else None, begin_t, end_t, fmt,
+                      meta, (), None, use_mdt)
+        return options.with_filter(filter, schema) if filter is not None else options
+
+    def with_filter(self, filter: Any, schema: pa.Schema | None) -> "ReadOptions":
+        """These options with `filter` (see `nbcc.expr.parse_filter`), parsed against `schema`:
+        the table's schema at the time read (`schema_read`)."""
+        preds, arrow_filter = parse_filter(filter, schema)
+        if (preds or arrow_filter is not None) and self.is_cdc:
+            raise InvalidOptionError("filter applies to snapshot, read_optimized and latest_state reads, not cdc")
+        return dataclasses.replace(self, predicates=preds, arrow_filter=arrow_filter)
 
     @property
     def is_cdc(self) -> bool:
@@ -342,12 +350,20 @@ def files_to_merge(slices: list[FileSlice], read_optimized: bool, pending: Itera
 
 
 def _partition_values(config: TableConfig, schema: pa.Schema, partition: str) -> pa.Table:
+    """The values the rows of `partition` may have, one row per combination: the null folder
+    holds nulls and, in a string column, the string `__HIVE_DEFAULT_PARTITION__` too (§12.9)."""
     texts = parse_partition_path(partition)
-    cols = {}
+    options = []
     for name in config.partition_by:
-        f = schema.field(name)
+        t = schema.field(name).type
+        text = texts.get(name)
+        stringy = pa.types.is_string(t) or pa.types.is_large_string(t)
+        options.append([None, NULL_PARTITION] if text is None and stringy else [text])
+    rows = list(itertools.product(*options))
+    cols = {}
+    for i, name in enumerate(config.partition_by):
         try:
-            cols[name] = pa.array([texts.get(name)], pa.string()).cast(f.type)
+            cols[name] = pa.array([r[i] for r in rows], pa.string()).cast(schema.field(name).type)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return pa.table({})  # cannot type it: do not prune on it
     return pa.table(cols)
@@ -480,12 +496,17 @@ def _output_schema(config: TableConfig, schema: pa.Schema, options: ReadOptions)
     return pa.schema(list(schema) + (META_OUTPUT_FIELDS if options.include_meta_columns else []))
 
 
+def schema_read(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline,
+                index: MetadataIndex | None) -> pa.Schema:
+    """The table's schema at the time a read reads: `as_of`, an incremental read's end, or now."""
+    when = options.as_of if options.query_type != INCREMENTAL else (options.end or timeline.latest_completion())
+    return schema_as_of(storage, config, timeline, when, index)
+
+
 def read_schema(storage: Storage, config: TableConfig, options: ReadOptions) -> pa.Schema:
     """The output schema of a read, without planning it."""
     index = load_index(storage, options.use_metadata_table)  # before the listing (format.md §18.5)
-    timeline = Timeline.load(storage)
-    when = options.as_of if options.query_type != INCREMENTAL else (options.end or timeline.latest_completion())
-    return _output_schema(config, schema_as_of(storage, config, timeline, when, index), options)
+    return _output_schema(config, schema_read(storage, config, options, Timeline.load(storage), index), options)
 
 
 def _index_for(storage: Storage, config: TableConfig, options: ReadOptions) -> MetadataIndex | None:
@@ -717,7 +738,11 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
         if options.include_meta_columns:
             merged = _with_meta(plan, task, merged)
         if expr is not None and merged.num_rows:
-            merged = merged.filter(expr)
+            try:
+                merged = merged.filter(expr)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise InvalidOptionError(f"the filter cannot be applied to the rows read (columns "
+                                         f"{merged.column_names}): {exc}") from None
         yield merged.select(plan.output_schema.names).cast(plan.output_schema)
 
 

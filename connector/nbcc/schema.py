@@ -145,32 +145,87 @@ def _nested_equal_ignoring_nullability(a: pa.DataType, b: pa.DataType) -> bool:
 _UNIT_RANK = {"s": 0, "ms": 1, "us": 2, "ns": 3}
 
 
-def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, allow_missing: bool = False
-                  ) -> pa.Schema:
+def plain_type(t: pa.DataType) -> pa.DataType:
+    """The type values of Arrow type `t` are stored as: a dictionary as its values, a string or
+    binary view as a plain string or binary, a fixed-size list as a list (pandas categoricals,
+    Polars strings and embedding arrays arrive so; Parquet and Spark have none of these)."""
+    if pa.types.is_dictionary(t):
+        return plain_type(t.value_type)
+    if pa.types.is_string_view(t):
+        return pa.string()
+    if pa.types.is_binary_view(t):
+        return pa.binary()
+    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
+        return pa.list_(t.value_field.with_type(plain_type(t.value_type)))
+    if pa.types.is_large_list(t):
+        return pa.large_list(t.value_field.with_type(plain_type(t.value_type)))
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(plain_type(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(plain_type(t.key_type)),
+                       t.item_field.with_type(plain_type(t.item_type)))
+    return t
+
+
+def check_column(name: str, t: pa.DataType) -> None:
+    """SchemaError unless a column of (plain) type `t` can be a table column."""
+    if pa.types.is_null(t):
+        raise SchemaError(
+            f"column {name!r} has type null (none of its values says what type it is, e.g. every "
+            "value is None); give it a type, e.g. pa.array(values, pa.string()) or a schema"
+        )
+    try:
+        type_to_json(t)
+    except SchemaError:
+        raise SchemaError(
+            f"column {name!r} has type {t}, which nbcc cannot store; cast it to a supported type: "
+            "integers, floats, decimals, booleans, strings, binary, dates, times, timestamps, "
+            "durations, or structs, lists and maps of them"
+        ) from None
+
+
+def check_names(names: Iterable[str], what: str) -> None:
+    """SchemaError if a column name appears twice (Arrow allows it; a table cannot)."""
+    seen: set[str] = set()
+    twice = sorted({n for n in names if n in seen or seen.add(n)})
+    if twice:
+        raise SchemaError(f"column name(s) {twice} appear more than once in {what}; rename or drop the copies")
+
+
+def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool = False) -> pa.Schema:
     """The table schema after writing data of schema `incoming`, or SchemaError.
 
-    `allow_missing` is for delete batches, which carry only keys (and partition values).
+    A `delete` batch needs only keys (and partition values): it may lack any column, and
+    columns the table lacks are ignored rather than added (its rows carry no data).
     """
+    check_names(incoming.names, "the data")
     problems = []
+    deleted = incoming.field(IS_DELETED_COL).type if IS_DELETED_COL in incoming.names else None
+    if deleted is not None and not (pa.types.is_boolean(deleted) or pa.types.is_null(deleted)):
+        problems.append(f"column {IS_DELETED_COL!r} has type {deleted}; it must be boolean (true deletes the row's key)")
     for f in table_schema:
         idx = incoming.get_field_index(f.name)
         if idx < 0:
-            if not f.nullable and not allow_missing:
+            if not f.nullable and not delete:
                 problems.append(f"column {f.name!r} ({f.type}, not nullable) is missing from the data")
             continue
         src = incoming.field(idx).type
-        if not _widens(src, f.type):
+        if not (pa.types.is_null(src) or _widens(plain_type(src), f.type)):
             problems.append(
                 f"column {f.name!r} has type {src} in the data but {f.type} in the table; "
                 f"cast it to {f.type} before writing"
             )
     if problems:
         raise SchemaError("data does not fit the table schema: " + "; ".join(problems))
-    added = [f.with_nullable(True) for f in incoming
+    if delete:
+        return table_schema
+    added = [f.with_type(plain_type(f.type)).with_nullable(True) for f in incoming
              if f.name not in table_schema.names and f.name != IS_DELETED_COL]
     reserved = [f.name for f in added if f.name.startswith(META_PREFIX)]
     if reserved:
         raise SchemaError(f"column name(s) {reserved} use the reserved prefix {META_PREFIX!r}; drop or rename them")
+    for f in added:
+        check_column(f.name, f.type)
     return pa.schema(list(table_schema) + added) if added else table_schema
 
 
@@ -198,7 +253,11 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
             continue
         col = table.column(idx)
         if not col.type.equals(f.type):
-            col = pc.cast(col, f.type, safe=True)
+            try:
+                col = pc.cast(col, f.type, safe=True)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise SchemaError(f"column {f.name!r}: its {col.type} values cannot be stored as the "
+                                  f"table's {f.type}: {exc}") from None
         cols.append(col)
     return pa.Table.from_arrays(cols, schema=pa.schema([f.with_nullable(True) for f in schema]))
 

@@ -23,9 +23,11 @@ from .config import (
     OPERATIONS,
     TABLE_CONFIG_PATH,
     UPSERT,
+    WRITE_OPTIONS,
     TableConfig,
+    parse_table_options,
 )
-from .errors import InvalidOptionError, SchemaError, TableExistsError, TableNotFoundError
+from .errors import InvalidOptionError, SchemaError, TableConfigError, TableExistsError, TableNotFoundError
 from .file_slices import FileSlice
 from .filenames import make_token
 from .index_view import MetadataIndex, load_index
@@ -39,13 +41,14 @@ from .scan import (
     plan_scan,
     read_plan,
     schema_as_of,
+    schema_read,
     slices_by_group,
     table_view,
 )
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
-from .writer import LogWriter, check_values, coalesced, prepare
+from .writer import LogWriter, coalesced, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
 
@@ -88,27 +91,36 @@ class Table:
         storage = Storage(uri, dict(storage_options or {}))
         try:
             raw = storage.read_bytes(TABLE_CONFIG_PATH)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             raise TableNotFoundError(
                 f"{uri} is not an nbcc table (no {TABLE_CONFIG_PATH}); create it with nbcc.Table.create "
                 "or by a first write with the record_key option"
             ) from None
-        return cls(storage, TableConfig.from_json(raw))
+        try:
+            return cls(storage, TableConfig.from_json(raw))
+        except TableConfigError as exc:
+            raise TableConfigError(
+                f"the nbcc table at {uri} cannot be opened: {exc}. The file is written when the table "
+                "is created and changed only by index builds; restore it from a backup or your "
+                "storage's object versions"
+            ) from None
 
     @classmethod
     def open_or_create(cls, uri: str, schema: pa.Schema, storage_options: Mapping[str, Any] | None = None,
                        **table_options: Any) -> "Table":
         """Open the table at `uri`, creating it from `schema` and `table_options` if it does not
-        exist (a first write). Options given for an existing table must match it."""
+        exist (a first write). `table_options` are `create`'s; given for an existing table, they
+        must match it."""
+        options = parse_table_options(table_options)
         try:
             table = cls.open(uri, storage_options)
         except TableNotFoundError:
             try:
-                return cls.create(uri, schema, table_options.pop("record_key", None),
-                                  storage_options=storage_options, **table_options)
+                return cls.create(uri, schema, options.pop("record_key", None),
+                                  storage_options=storage_options, **options)
             except TableExistsError:  # another first writer won the race
                 table = cls.open(uri, storage_options)
-        table.config.check_options(table_options)
+        table.config.check_options(options)
         return table
 
     @property
@@ -137,7 +149,7 @@ class Table:
                 f"the data lacks the ordering_field column {ordering!r}; upserts need it to decide "
                 "which version of a record wins (deletes may leave it out)"
             )
-        new_schema = evolve_schema(current, incoming_schema, allow_missing=operation == DELETE)
+        new_schema = evolve_schema(current, incoming_schema, delete=operation == DELETE)
         return WriteTransaction(
             self.storage, self.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
             "overwrite" if overwrite else operation, new_schema,
@@ -168,29 +180,48 @@ class Table:
         `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key) or
         "delete" (the rows' keys are deleted). `mode="overwrite"` replaces the table's contents.
         Bad data raises before anything is written when `data` is a Table; a stream that turns
-        bad part-way leaves its instant inflight with none of its rows visible.
+        bad part-way, or a write failing for any other reason, is rolled back at once.
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
         the last one (and runs it here too with `compaction_inline=True`)."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
+        every, inline, max_bytes = (None if v is None else WRITE_OPTIONS[k].parse(v) for k, v in (
+            ("compaction_delta_commits", compaction_delta_commits), ("compaction_inline", compaction_inline),
+            ("max_log_file_bytes", max_log_file_bytes)))
         schema, batches = _as_batches(data)
-        check_first = None
-        if isinstance(data, (pa.Table, pa.RecordBatch)):  # a bad table writes nothing at all
-            whole = data if isinstance(data, pa.Table) else pa.Table.from_batches([data])
-            check_first = lambda table_schema: check_values(whole, self.config, table_schema, operation)  # noqa: E731
-        txn = self.begin_write(schema, operation, overwrite=mode == "overwrite", check_first=check_first)
-        writer = self.log_writer(txn, make_token(0, 0, 0), max_log_file_bytes)
-        with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):  # alive until committed
+        whole = isinstance(data, (pa.Table, pa.RecordBatch))
+        prepared: list[pa.Table] = []
+
+        def prepare_all(table_schema: pa.Schema) -> None:
+            prepared.extend(prepare(rows, self.config, table_schema, operation) for rows in coalesced(batches))
+
+        # A bad table writes nothing at all: its rows are checked and converted before the instant
+        # begins (the same work the write does, done first). A stream is converted as it comes.
+        txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
+                               check_first=prepare_all if whole else None)
+        writer = self.log_writer(txn, make_token(0, 0, 0), max_bytes)
+        rows_in = iter(prepared) if whole else (
+            prepare(rows, self.config, txn.schema, operation) for rows in coalesced(batches))
+        try:
+            with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):
+                try:
+                    for rows in rows_in:
+                        writer.write(rows)
+                    files = writer.close()
+                except BaseException:
+                    writer.abort()  # no half-written file may surface later (S3 uploads on close)
+                    raise
+                txn.commit(files)
+        except BaseException:
+            # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
+            # once its heartbeat expires (a commit that completed is never rolled back).
             try:
-                for rows in coalesced(batches):
-                    writer.write(prepare(rows, self.config, txn.schema, operation))
-                files = writer.close()
-            except BaseException:
-                writer.abort()  # no half-written file may surface later (S3 uploads on close)
-                raise
-            txn.commit(files)
-        maybe_compact(self.storage, self.config, self.clock, compaction_delta_commits, compaction_inline,
-                      f"commit {txn.instant}", log)
+                txn.rollback(reason="the write failed")
+            except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
+                log.warning("write %s failed and rolling it back failed too (the cleaner rolls it "
+                            "back once its heartbeat expires): %s", txn.instant, exc)
+            raise
+        maybe_compact(self.storage, self.config, self.clock, every, inline, f"commit {txn.instant}", log)
         return txn.instant
 
     # -- table services ----------------------------------------------------------------------
@@ -278,14 +309,14 @@ class Table:
              incremental_format: str | None = None, include_meta_columns: Any = False,
              filter: Any = None, use_metadata_table: Any = None) -> ScanPlan:
         """Plan a read (see `read`): its output schema and its tasks, one per file group read."""
-        schema = None
-        if filter is not None:  # the filter is parsed against the table's current schema
-            index = self._index(use_metadata_table)  # before the listing (format.md §18.5)
-            schema = schema_as_of(self.storage, self.config, Timeline.load(self.storage), None, index)
         options = ReadOptions.build(query_type=query_type, as_of=as_of, begin=begin, end=end,
                                     incremental_format=incremental_format,
-                                    include_meta_columns=include_meta_columns, filter=filter, schema=schema,
+                                    include_meta_columns=include_meta_columns,
                                     use_metadata_table=use_metadata_table)
+        if filter is not None:  # parsed against the schema at the time read, as Spark's are
+            index = self._index(use_metadata_table)  # before the listing (format.md §18.5)
+            schema = schema_read(self.storage, self.config, options, Timeline.load(self.storage), index)
+            options = options.with_filter(filter, schema)
         return plan_scan(self.storage, self.config, options)
 
     def read(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
@@ -342,7 +373,13 @@ def _as_batches(data: Data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         return data.schema, iter([data])
     if isinstance(data, pa.RecordBatchReader):
         return data.schema, iter(data)
-    batches = iter(data)
+    try:
+        batches = iter(data)
+    except TypeError:
+        raise InvalidOptionError(
+            f"data must be a pyarrow Table, RecordBatch, RecordBatchReader or iterable of RecordBatch; "
+            f"got {type(data).__name__}"
+        ) from None
     try:
         first = next(batches)
     except StopIteration:

@@ -130,11 +130,13 @@ def check_values(batch: pa.Table, config: TableConfig, table_schema: pa.Schema, 
         nulls = batch.column(k).null_count
         if nulls:
             raise SchemaError(f"record key column {k!r} has {nulls} null value(s); every record needs a key")
+    if len(config.record_key) > 1:
+        _check_composite_key_text(batch, config.record_key)
     if operation == DELETE:
         return
     live = None
     if IS_DELETED_COL in batch.column_names:
-        live = pc.invert(batch.column(IS_DELETED_COL).fill_null(False))
+        live = pc.invert(pc.cast(batch.column(IS_DELETED_COL), pa.bool_()).fill_null(False))
     if config.ordering_field:
         col = batch.column(config.ordering_field)
         nulls = col.null_count if live is None else pc.sum(pc.and_(col.is_null(), live)).as_py() or 0
@@ -147,6 +149,24 @@ def check_values(batch: pa.Table, config: TableConfig, table_schema: pa.Schema, 
         if not f.nullable and f.name in batch.column_names and batch.column(f.name).null_count:
             raise SchemaError(f"column {f.name!r} is not nullable but the data has "
                               f"{batch.column(f.name).null_count} null value(s)")
+
+
+def _check_composite_key_text(batch: pa.Table, record_key: Sequence[str]) -> None:
+    """A composite key's text `f1:v1,f2:v2` names one key only if no value holds `,<field>:`:
+    (`x,f2:y`, `z`) and (`x`, `y,f2:z`) would both read `f1:x,f2:y,f2:z`, and reads that select
+    records by that text (incremental and change reads) would take one for the other."""
+    for k in record_key:
+        col = batch.column(k)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue  # integers and dates have no ',' or ':'
+        for name in record_key:
+            bad = pc.sum(pc.match_substring(col, f",{name}:")).as_py()
+            if bad:
+                raise SchemaError(
+                    f"record key column {k!r} has {bad} value(s) containing ',{name}:', which would make "
+                    f"the composite record key text ({','.join(f'{n}:<value>' for n in record_key)}) "
+                    "name two records; change those values"
+                )
 
 
 def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema: pa.Schema,
@@ -166,7 +186,7 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
     else:
         deleted = pa.array(np.zeros(n, dtype=bool))
     data = conform(table, table_schema)
-    return (data.append_column(RECORD_KEY_COL, record_key_strings(table, config.record_key))
+    return (data.append_column(RECORD_KEY_COL, record_key_strings(data, config.record_key))
                 .append_column(IS_DELETED_COL, deleted)
                 .cast(_prepared_schema(table_schema)))
 
