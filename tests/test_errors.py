@@ -330,6 +330,21 @@ def test_spark_first_write_without_record_key(spark, tmp_path):
     assert not Path(uri, ".nbcc").exists()
 
 
+def test_spark_first_write_sets_the_lock_lease_and_heartbeat_timeout(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    df = spark.createDataFrame([(1, "a")], "id long, name string")
+    with pytest.raises(Exception, match="option 'lock_lease_ms' must be an integer of at least 1000"):
+        df.write.format("nbcc").mode("append").option("record_key", "id").option("lock_lease_ms", "5").save(uri)
+    assert not Path(uri).exists()
+    (df.write.format("nbcc").mode("append").option("record_key", "id").option("lock_lease_ms", "5000")
+       .option("heartbeat_timeout_s", "60").save(uri))
+    config = nbcc.Table.open(uri).config
+    assert (config.lock_lease_ms, config.heartbeat_timeout_s) == (5000, 60)
+    with pytest.raises(Exception, match="heartbeat_timeout_s=30 differs from the table's heartbeat_timeout_s=60"):
+        df.write.format("nbcc").mode("append").option("heartbeat_timeout_s", "30").save(uri)
+    assert nbcc.Table.open(uri).read().num_rows == 1
+
+
 def test_spark_read_of_a_uri_that_is_not_a_table(spark, tmp_path):
     with pytest.raises(Exception, match="is not an nbcc table"):
         spark.read.format("nbcc").load(str(tmp_path)).collect()
