@@ -27,7 +27,14 @@ from .config import (
     TableConfig,
     parse_table_options,
 )
-from .errors import InvalidOptionError, SchemaError, TableConfigError, TableExistsError, TableNotFoundError
+from .errors import (
+    InvalidOptionError,
+    LockTimeoutError,
+    SchemaError,
+    TableConfigError,
+    TableExistsError,
+    TableNotFoundError,
+)
 from .file_slices import FileSlice
 from .filenames import make_token
 from .index_view import MetadataIndex, load_index
@@ -212,14 +219,16 @@ class Table:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)
                     raise
                 txn.commit(files)
-        except BaseException:
+        except BaseException as failure:
             # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
-            # once its heartbeat expires (a commit that completed is never rolled back).
-            try:
-                txn.rollback(reason="the write failed")
-            except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
-                log.warning("write %s failed and rolling it back failed too (the cleaner rolls it "
-                            "back once its heartbeat expires): %s", txn.instant, exc)
+            # once its heartbeat expires (a commit that completed is never rolled back). Not when
+            # the lock could not be taken: the rollback needs it too, and would wait as long again.
+            if not isinstance(failure, LockTimeoutError):
+                try:
+                    txn.rollback(reason="the write failed")
+                except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
+                    log.warning("write %s failed and rolling it back failed too (the cleaner rolls it "
+                                "back once its heartbeat expires): %s", txn.instant, exc)
             raise
         maybe_compact(self.storage, self.config, self.clock, every, inline, f"commit {txn.instant}", log)
         return txn.instant
