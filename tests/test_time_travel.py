@@ -657,6 +657,28 @@ def test_compaction_does_not_change_what_reads_return(case, tmp_path):
 
 # -- a writer in flight ----------------------------------------------------------------------------
 
+def test_an_incremental_window_after_the_latest_completion_is_empty_and_the_next_reads_on(local_table):
+    # A consumer polling wall-clock windows: nothing completed in (begin, end], so the result is
+    # empty, and the plan's end is begin (a commit may still complete inside the window).
+    uri, _ = local_table
+    table = nbcc.Table.create(uri, ET_SCHEMA, "id", ordering_field="ts", buckets=2)
+    table.write(_et_rows((1, 1, "c1")))
+    latest = table.timeline()[-1].completion
+    begin, end = shift(latest, 1), shift(latest, 3_600_000)
+    plan = table.plan(query_type="incremental", begin=begin, end=end)
+    assert (plan.tasks, plan.end) == ([], begin)
+    for fmt in ("latest_state", "cdc"):
+        assert table.read(query_type="incremental", begin=begin, end=end, incremental_format=fmt).num_rows == 0
+    assert table.read(query_type="incremental", begin=end, end=end).num_rows == 0
+    with pytest.raises(nbcc.InvalidOptionError, match="is after end"):
+        table.read(query_type="incremental", begin=end, end=begin)
+    with pytest.raises(nbcc.InvalidOptionError, match="is after end"):  # no end: the range ends at the latest
+        table.read(query_type="incremental", begin=begin)
+    time.sleep(0.01)  # the next commit completes after `begin` on this machine's clock
+    table.write(_et_rows((2, 1, "c2")))
+    assert _values(table.read(query_type="incremental", begin=plan.end)) == {2: "c2"}
+
+
 def test_writer_in_flight_is_invisible_then_appears_in_the_next_incremental_range(local_table):
     uri, _ = local_table
     table = nbcc.Table.create(uri, ET_SCHEMA, "id", ordering_field="ts", buckets=2)

@@ -582,8 +582,9 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     begin = options.begin or _BEFORE_ALL
     # An end past the latest completion is read as the latest completion: every commit that
     # completes later gets a later completion time, so the range read is final and a consumer
-    # that resumes from `plan.end` never misses one.
-    end = min(options.end or latest, latest)
+    # that resumes from `plan.end` never misses one. A range given in full that begins after
+    # the latest completion (a quiet window) is read as (begin, begin]: empty.
+    end = min(options.end, max(latest, begin)) if options.end else latest
     if begin > end:
         raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
     retained = earliest_retained(storage, timeline)
