@@ -151,6 +151,28 @@ def test_stream_that_fails_part_way_is_rolled_back_at_once(table):
     assert len(table.read()) == len(rows) + 1
 
 
+def test_a_write_that_cannot_take_the_lock_is_left_to_the_cleaner(table, caplog):
+    # Rolling back needs the lock too: trying would keep the caller waiting as long again (and
+    # then log that the rollback failed).
+    from nbcc.clock import TimeGenerator
+
+    table.clock = TimeGenerator(table.storage, lease_ms=table.config.lock_lease_ms, timeout_ms=300)
+    holder = TimeGenerator(table.storage, lease_ms=60_000).locked()
+
+    def batches():
+        yield pa.record_batch({"id": [10], "name": ["x"], "ts": [5]})
+        holder.__enter__()  # another process takes the lock and keeps it past the write's timeout
+
+    try:
+        with pytest.raises(nbcc.LockTimeoutError):
+            table.write(batches())
+    finally:
+        holder.__exit__(None, None, None)
+    assert [i.state for i in table.timeline()] == ["completed", "inflight"]
+    assert "rolling it back failed" not in caplog.text  # no rollback was tried
+    assert table.rollback_failed_writes(heartbeat_timeout_s=0) == [table.timeline()[-1].instant]
+
+
 def test_a_commit_refused_at_completion_is_rolled_back_at_once(table):
     # Two writers add column x with different types: the one completing later is refused.
     files = _files(table.uri)
@@ -204,6 +226,17 @@ def test_columns_of_types_parquet_lacks_are_stored_plain(table):
     assert got[-1] == {"id": 3, "name": "c", "ts": 1, "tag": "t", "vec": [1.0, 2.0]}
 
 
+def test_a_schema_with_types_parquet_lacks_creates_a_table_of_their_plain_types(local_table):
+    uri, _ = local_table
+    data = pa.table({"id": [1], "tag": pa.array(["t"]).dictionary_encode(),
+                     "vec": pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))})
+    t = nbcc.Table.open_or_create(uri, data.schema, record_key="id")  # a first write's path
+    assert t.schema() == pa.schema([pa.field("id", pa.int64(), nullable=False), ("tag", pa.string()),
+                                    ("vec", pa.list_(pa.float32()))])
+    t.write(data)
+    assert t.read().to_pylist() == [{"id": 1, "tag": "t", "vec": [1.0, 2.0]}]
+
+
 def test_a_new_column_without_a_type_or_of_a_type_nbcc_cannot_store_writes_nothing(table):
     files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
     with pytest.raises(SchemaError, match="column 'note' has type null .* give it a type"):
@@ -236,6 +269,8 @@ def test_composite_key_values_that_would_make_one_key_text_for_two_keys_write_no
     for k1, k2, column in [("x,k2:y", "z", "k1"), ("x", "y,k2:z", "k2")]:
         with pytest.raises(SchemaError, match=f"record key column '{column}' has 1 value.* containing ',k2:'"):
             t.write(pa.table({"k1": [k1], "k2": [k2], "v": [3]}, schema=schema))
+    with pytest.raises(SchemaError, match="record key column 'k1' has 1 value.* containing ',k2:'"):
+        t.write(pa.table({"k1": pa.array(["x,k2:y"]).dictionary_encode(), "k2": ["z"], "v": [3]}))
     assert _files(uri) == files
 
 

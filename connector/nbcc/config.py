@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from .errors import InvalidOptionError, NbccError, SchemaError, TableConfigError
-from .schema import META_PREFIX, check_column, check_names, schema_from_json, schema_to_json
+from .schema import META_PREFIX, check_column, check_names, plain_type, schema_from_json, schema_to_json
 
 FORMAT_VERSION = 1
 TABLE_CONFIG_PATH = ".nbcc/table.json"
@@ -45,7 +45,7 @@ def _names(value: str | Sequence[str] | None) -> list[str]:
     return list(value)
 
 
-def _at_least(name: str, least: int, what: str = "a positive integer") -> Callable[[Any], int]:
+def _at_least(name: str, least: int, what: str) -> Callable[[Any], int]:
     def parse(value: Any) -> int:
         # int("2.7") fails but int(2.7) truncates and int(True) is 1: neither is what was meant.
         if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
@@ -62,7 +62,7 @@ def _at_least(name: str, least: int, what: str = "a positive integer") -> Callab
 
 
 def _positive_int(name: str) -> Callable[[Any], int]:
-    return _at_least(name, 1)
+    return _at_least(name, 1, "a positive integer")
 
 
 def _choice(name: str, choices: Sequence[str]) -> Callable[[Any], str]:
@@ -250,6 +250,8 @@ class TableConfig:
         parts = tuple(_names(partition_by))
         ordering_field = _optional_name(ordering_field) if ordering_field is not None else None
         check_names(schema.names, "the schema")
+        # As a write stores them: a schema taken from a pandas or Polars table is accepted.
+        schema = pa.schema([f.with_type(plain_type(f.type)) for f in schema], metadata=schema.metadata)
         names = set(schema.names)
         reserved = [n for n in schema.names if n.startswith(META_PREFIX)]
         if reserved:
@@ -276,8 +278,7 @@ class TableConfig:
                     or pa.types.is_large_string(t) or pa.types.is_timestamp(t) or pa.types.is_date(t)
                     or pa.types.is_decimal(t)):
                 raise SchemaError(f"ordering_field {ordering_field!r} has type {t}, which has no order nbcc can use")
-        mode = merge_mode or (EVENT_TIME if ordering_field else COMMIT_TIME)
-        mode = _choice("merge_mode", MERGE_MODES)(mode)
+        mode = TABLE_OPTIONS["merge_mode"].parse(merge_mode or (EVENT_TIME if ordering_field else COMMIT_TIME))
         if mode == EVENT_TIME and not ordering_field:
             raise SchemaError("merge_mode event_time needs an ordering_field: name the column whose greatest value wins")
         # Record keys are never null (a null partition value goes to __HIVE_DEFAULT_PARTITION__).
@@ -321,6 +322,7 @@ class TableConfig:
                 partition_by=tuple(_names(doc.get("partition_by") or ())),
                 buckets=_positive_int("buckets")(doc["buckets"]),
                 merge_mode=_choice("merge_mode", MERGE_MODES)(doc["merge_mode"]),
+                # Not TABLE_OPTIONS' parser: tables created before MIN_LOCK_LEASE_MS may have less.
                 lock_lease_ms=_positive_int("lock_lease_ms")(doc.get("lock_lease_ms", DEFAULT_LOCK_LEASE_MS)),
                 heartbeat_timeout_s=_positive_int("heartbeat_timeout_s")(
                     doc.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S)),

@@ -98,8 +98,9 @@ class ReadOptions:
     @classmethod
     def build(cls, *, query_type: str | None = None, as_of: Any = None, begin: Any = None, end: Any = None,
               incremental_format: str | None = None, include_meta_columns: Any = False,
-              filter: Any = None, schema: pa.Schema | None = None,
               use_metadata_table: Any = None) -> "ReadOptions":
+        """The options of a read; a filter is added with `with_filter` once the schema it is
+        parsed against is known."""
         qt = (query_type or SNAPSHOT).strip().lower()
         if qt not in QUERY_TYPES:
             raise InvalidOptionError(f"query_type must be one of {', '.join(QUERY_TYPES)}; got {query_type!r}")
@@ -124,11 +125,10 @@ class ReadOptions:
         if begin_t and end_t and begin_t > end_t:
             raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
         use_mdt = _bool_option("use_metadata_table")(use_metadata_table) if use_metadata_table is not None else None
-        options = cls(qt, parse_time_option(as_of, "as_of") if as_of is not None else None, begin_t, end_t, fmt,
-                      meta, (), None, use_mdt)
-        return options.with_filter(filter, schema) if filter is not None else options
+        return cls(qt, parse_time_option(as_of, "as_of") if as_of is not None else None, begin_t, end_t, fmt,
+                   meta, (), None, use_mdt)
 
-    def with_filter(self, filter: Any, schema: pa.Schema | None) -> "ReadOptions":
+    def with_filter(self, filter: Any, schema: pa.Schema) -> "ReadOptions":
         """These options with `filter` (see `nbcc.expr.parse_filter`), parsed against `schema`:
         the table's schema at the time read (`schema_read`)."""
         preds, arrow_filter = parse_filter(filter, schema)

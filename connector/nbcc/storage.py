@@ -44,8 +44,9 @@ from .errors import NbccError, StorageError
 
 log = logging.getLogger(__name__)
 
-# fsspec's memory filesystem is not thread-safe: `ls` reads each name it found again, and raises
-# KeyError for one a thread deleted in between. Its changes and listings take this lock.
+# fsspec's memory filesystem is not thread-safe: put-if-absent's check and write, and `ls` (which
+# reads each name it found again, and raised KeyError for one a thread deleted in between) and
+# deletes, take this lock.
 _MEMORY_LOCK = threading.Lock()
 _T = TypeVar("_T")
 

@@ -55,7 +55,7 @@ from .scan import (
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
-from .writer import LogWriter, coalesced, prepare
+from .writer import LogWriter, check_rows, coalesced, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
 
@@ -123,8 +123,9 @@ class Table:
             table = cls.open(uri, storage_options)
         except TableNotFoundError:
             try:
-                return cls.create(uri, schema, options.pop("record_key", None),
-                                  storage_options=storage_options, **options)
+                settings = dict(options)  # `options` stays whole for the check below
+                return cls.create(uri, schema, settings.pop("record_key", None),
+                                  storage_options=storage_options, **settings)
             except TableExistsError:  # another first writer won the race
                 table = cls.open(uri, storage_options)
         table.config.check_options(options)
@@ -192,28 +193,31 @@ class Table:
         the last one (and runs it here too with `compaction_inline=True`)."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
-        every, inline, max_bytes = (None if v is None else WRITE_OPTIONS[k].parse(v) for k, v in (
-            ("compaction_delta_commits", compaction_delta_commits), ("compaction_inline", compaction_inline),
-            ("max_log_file_bytes", max_log_file_bytes)))
+        parse = {k: WRITE_OPTIONS[k].parse for k in ("compaction_delta_commits", "compaction_inline",
+                                                     "max_log_file_bytes")}
+        every = (parse["compaction_delta_commits"](compaction_delta_commits)
+                 if compaction_delta_commits is not None else None)
+        inline = parse["compaction_inline"](compaction_inline)
+        max_bytes = parse["max_log_file_bytes"](max_log_file_bytes) if max_log_file_bytes is not None else None
         schema, batches = _as_batches(data)
-        whole = isinstance(data, (pa.Table, pa.RecordBatch))
-        prepared: list[pa.Table] = []
+        whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
-        def prepare_all(table_schema: pa.Schema) -> None:
-            prepared.extend(prepare(rows, self.config, table_schema, operation) for rows in coalesced(batches))
+        def check_all(table_schema: pa.Schema) -> None:
+            # A bad table writes nothing at all: its rows are checked and converted before the
+            # instant begins, and converted again as they are written, one chunk at a time (so
+            # memory holds one converted chunk, not a converted copy of the table). Conversion
+            # costs nothing for columns already of the table's types.
+            for rows in coalesced(whole.to_batches()):
+                check_rows(rows, self.config, table_schema, operation)
 
-        # A bad table writes nothing at all: its rows are checked and converted before the instant
-        # begins (the same work the write does, done first). A stream is converted as it comes.
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
-                               check_first=prepare_all if whole else None)
+                               check_first=check_all if isinstance(whole, pa.Table) else None)
         writer = self.log_writer(txn, make_token(0, 0, 0), max_bytes)
-        rows_in = iter(prepared) if whole else (
-            prepare(rows, self.config, txn.schema, operation) for rows in coalesced(batches))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):
                 try:
-                    for rows in rows_in:
-                        writer.write(rows)
+                    for rows in coalesced(batches):
+                        writer.write(prepare(rows, self.config, txn.schema, operation))
                     files = writer.close()
                 except BaseException:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)

@@ -130,8 +130,6 @@ def check_values(batch: pa.Table, config: TableConfig, table_schema: pa.Schema, 
         nulls = batch.column(k).null_count
         if nulls:
             raise SchemaError(f"record key column {k!r} has {nulls} null value(s); every record needs a key")
-    if len(config.record_key) > 1:
-        _check_composite_key_text(batch, config.record_key)
     if operation == DELETE:
         return
     live = None
@@ -151,15 +149,16 @@ def check_values(batch: pa.Table, config: TableConfig, table_schema: pa.Schema, 
                               f"{batch.column(f.name).null_count} null value(s)")
 
 
-def _check_composite_key_text(batch: pa.Table, record_key: Sequence[str]) -> None:
-    """A composite key's text `f1:v1,f2:v2` names one key only if no value holds `,<field>:`:
-    (`x,f2:y`, `z`) and (`x`, `y,f2:z`) would both read `f1:x,f2:y,f2:z`, and reads that select
-    records by that text (incremental and change reads) would take one for the other."""
+def _check_composite_key_text(data: pa.Table, record_key: Sequence[str]) -> None:
+    """A composite key's text `f1:v1,f2:v2` names one key only if no value holds `,<f>:` for a
+    field `f` after the first: (`x,f2:y`, `z`) and (`x`, `y,f2:z`) would both read
+    `f1:x,f2:y,f2:z`, and reads that select records by that text (incremental and change reads)
+    would take one for the other. `data` is in the table's types (plain strings)."""
     for k in record_key:
-        col = batch.column(k)
+        col = data.column(k)
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             continue  # integers and dates have no ',' or ':'
-        for name in record_key:
+        for name in record_key[1:]:
             bad = pc.sum(pc.match_substring(col, f",{name}:")).as_py()
             if bad:
                 raise SchemaError(
@@ -167,6 +166,16 @@ def _check_composite_key_text(batch: pa.Table, record_key: Sequence[str]) -> Non
                     f"the composite record key text ({','.join(f'{n}:<value>' for n in record_key)}) "
                     "name two records; change those values"
                 )
+
+
+def check_rows(table: pa.Table, config: TableConfig, table_schema: pa.Schema, operation: str) -> pa.Table:
+    """`table`'s rows checked and converted to the table's columns and types (absent ones null):
+    every refusal of a write's rows happens here (SchemaError)."""
+    check_values(table, config, table_schema, operation)
+    data = conform(table, table_schema)
+    if len(config.record_key) > 1:
+        _check_composite_key_text(data, config.record_key)
+    return data
 
 
 def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema: pa.Schema,
@@ -177,7 +186,7 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
     reordered by bucket with the rows, its 17-byte strings took about a tenth of a Spark write
     task's Python CPU."""
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    check_values(table, config, table_schema, operation)
+    data = check_rows(table, config, table_schema, operation)
     n = table.num_rows
     if operation == DELETE:
         deleted = pa.array(np.ones(n, dtype=bool))
@@ -185,7 +194,6 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
         deleted = pc.cast(table.column(IS_DELETED_COL), pa.bool_()).fill_null(False)
     else:
         deleted = pa.array(np.zeros(n, dtype=bool))
-    data = conform(table, table_schema)
     return (data.append_column(RECORD_KEY_COL, record_key_strings(data, config.record_key))
                 .append_column(IS_DELETED_COL, deleted)
                 .cast(_prepared_schema(table_schema)))
