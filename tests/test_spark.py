@@ -198,6 +198,45 @@ def test_ingest_job_with_spark_submit(tmp_path):
     assert nbcc.Table.open(uri).config.buckets == 2
 
 
+def test_a_write_task_slow_to_produce_rows_is_not_taken_for_dead(local_table):
+    # A Spark write task keeps the write's heartbeat alive while it runs, rows or not: a cleaner
+    # looking for expired heartbeats all the while finds none. The task's code is run here in
+    # this process (as Spark's Python worker runs it), so no process start-up is timed.
+    import threading
+    import time
+
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    from pyspark_nbcc.source import DefaultSource
+
+    uri, _ = local_table
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id",
+                              heartbeat_timeout_s=1)
+    writer = DefaultSource({"path": uri}).writer(
+        StructType([StructField("id", LongType()), StructField("v", StringType())]), False)
+
+    def slow_rows():
+        time.sleep(3)  # three heartbeat timeouts before the first row
+        yield pa.record_batch({"id": [1, 2], "v": ["a", "b"]})
+
+    stop, rolled_back = threading.Event(), []
+
+    def cleaner():
+        while not stop.wait(0.1):
+            rolled_back.extend(table.rollback_failed_writes())
+
+    looking = threading.Thread(target=cleaner)
+    looking.start()
+    try:
+        message = writer.write(slow_rows())
+    finally:
+        stop.set()
+        looking.join()
+    writer.commit([message])
+    assert rolled_back == []
+    assert table.read().num_rows == 2
+
+
 def test_small_file_groups_are_packed_into_few_spark_partitions(spark, local_table):
     uri, _ = local_table
     spark.range(0, 3000).selectExpr("id", "id % 7 as v").write.format("nbcc").mode("append") \

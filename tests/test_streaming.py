@@ -464,6 +464,26 @@ def test_complete_output_mode_replaces_the_table_each_micro_batch(spark, tmp_pat
     assert sorted((r["letter"], r["n"]) for r in nbcc.Table.open(uri).read().to_pylist()) == [("a", 7), ("b", 2)]
 
 
+def test_complete_output_mode_with_an_empty_result_empties_the_table(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    uri = str(tmp_path / "t")
+    # Letters seen fewer than 3 times: batch 0 has a twice, batch 1 makes it 4 (none left), batch
+    # 2 brings b once.
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 2), "a"), _rows(range(2, 4), "a"), _rows(range(4, 5), "b")])
+    rare = (_file_stream(spark, inputs).groupBy(F.substring("v", 1, 1).alias("letter"))
+            .agg(F.count("*").alias("n")).where("n < 3"))
+    query = (rare.writeStream.outputMode("complete").format("nbcc").option("record_key", "letter")
+             .option("checkpointLocation", str(tmp_path / "ckpt")).trigger(availableNow=True).start(uri))
+    _run(query)
+    assert [(c["action"], c["batch_id"], c["rows"]) for c in _data_commits(uri)] == [
+        ("replacecommit", 0, 1), ("replacecommit", 1, 0), ("replacecommit", 2, 1)]
+    assert [(r["letter"], r["n"]) for r in nbcc.Table.open(uri).read().to_pylist()] == [("b", 1)]
+    one = nbcc.Table.open(uri)
+    second = [i.completion for i in one.timeline() if i.action == "replacecommit"][1]
+    assert one.read(as_of=second).num_rows == 0  # batch 1's result: no letter is rare
+
+
 def test_stream_id_option_names_the_stream_and_belongs_to_one_query(spark, tmp_path):
     uri = str(tmp_path / "t")
     inputs = _inputs(tmp_path / "in", [_rows(range(0, 5), "a")])
@@ -596,6 +616,10 @@ def test_claims_stream_ids_and_owners_are_checked_and_old_claims_pruned(tmp_path
     check_owner(table.storage, "named", "query-1")
     with pytest.raises(InvalidOptionError, match="belongs to another streaming query"):
         check_owner(table.storage, "named", "query-2")
+    # A query's default stream id is its query id; another query given that id is refused too.
+    check_owner(table.storage, "query-3", "query-3")
+    with pytest.raises(InvalidOptionError, match="stream_id='query-3' belongs to another streaming query"):
+        check_owner(table.storage, "query-3", "query-4")
 
     for b in range(KEEP_CLAIMS + 5):
         table.storage.put_if_absent(f".nbcc/streams/s1/{b:020d}.0.json", b"{}")

@@ -47,25 +47,13 @@ def remove(storage: Storage, instant: str) -> None:
     storage.delete(f"{HEARTBEAT_DIR}/{instant}.json")
 
 
-class Throttled:
-    """Refreshes a heartbeat when called, at most once per `interval_s` (for Spark tasks)."""
-
-    def __init__(self, storage: Storage, instant: str, interval_s: float):
-        self.storage, self.instant, self.interval_s = storage, instant, interval_s
-        self._last = 0.0
-
-    def __call__(self) -> None:
-        now = time.monotonic()
-        if now - self._last >= self.interval_s:
-            beat(self.storage, self.instant)
-            self._last = now
-
-
 class Heartbeat:
-    """A background thread that refreshes an instant's heartbeat until stopped."""
+    """A background thread that refreshes an instant's heartbeat until stopped. One of several
+    writers of an instant (a Spark task) keeps the heartbeat when it stops (`keep=True`): the
+    others may still be writing, and the commit deletes it."""
 
-    def __init__(self, storage: Storage, instant: str, interval_s: float):
-        self.storage, self.instant, self.interval_s = storage, instant, interval_s
+    def __init__(self, storage: Storage, instant: str, interval_s: float, keep: bool = False):
+        self.storage, self.instant, self.interval_s, self.keep = storage, instant, interval_s, keep
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"nbcc-heartbeat-{instant}", daemon=True)
 
@@ -84,6 +72,8 @@ class Heartbeat:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        if self.keep:
+            return
         # Completed or failed, the beat is over either way. Best effort: a storage error here
         # must neither fail a write that completed nor hide the error of one that failed; a
         # leftover heartbeat only delays a rollback, and the cleaner deletes stale ones.

@@ -171,10 +171,11 @@ _OWNERS_SEEN: set[tuple[str, str, str]] = set()
 
 
 def check_owner(storage: Storage, stream_id: str, query_id: str | None) -> None:
-    """A stream id given by the user belongs to one streaming query (one checkpoint). Another
-    query starts its batch ids at 0 again, so its batches would be taken for replays of the
-    first one's and skipped: refuse it instead."""
-    if not query_id or stream_id == query_id or (storage.uri, stream_id, query_id) in _OWNERS_SEEN:
+    """A stream id belongs to one streaming query (one checkpoint). Another query starts its
+    batch ids at 0 again, so its batches would be taken for replays of the first one's and
+    skipped: refuse it instead. A default stream id (the query id) is recorded too: another
+    query may be given it as its stream_id."""
+    if not query_id or (storage.uri, stream_id, query_id) in _OWNERS_SEEN:
         return
     path = f"{_claim_dir(stream_id)}/{OWNER_FILE}"
     if not storage.put_if_absent(path, json.dumps({"query_id": query_id}).encode()):

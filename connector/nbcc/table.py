@@ -176,9 +176,8 @@ class Table:
         txn.begin()
         return txn
 
-    def log_writer(self, txn: WriteTransaction, token: str, max_log_file_bytes: int | None = None,
-                   on_progress: Callable[[], None] | None = None) -> LogWriter:
-        return LogWriter(self.storage, self.config, txn.schema, txn.instant, token, max_log_file_bytes, on_progress)
+    def log_writer(self, txn: WriteTransaction, token: str, max_log_file_bytes: int | None = None) -> LogWriter:
+        return LogWriter(self.storage, self.config, txn.schema, txn.instant, token, max_log_file_bytes)
 
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
               max_log_file_bytes: int | None = None, compaction_delta_commits: int | None = None,

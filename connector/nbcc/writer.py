@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as _dt
 import decimal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -263,8 +263,7 @@ class LogWriter:
     """Appends prepared rows to the log files of one (instant, token)."""
 
     def __init__(self, storage: Storage, config: TableConfig, table_schema: pa.Schema, instant: str,
-                 token: str, max_log_file_bytes: int | None = None,
-                 on_progress: Callable[[], None] | None = None):
+                 token: str, max_log_file_bytes: int | None = None):
         self.storage = storage
         self.config = config
         self.schema = file_schema(table_schema)
@@ -274,15 +273,12 @@ class LogWriter:
         self.row_group_bytes = min(ROW_GROUP_BYTES, max(self.max_bytes // 4, 1))
         self._open: dict[tuple[str, int], _OpenLog] = {}
         self.stats_columns = [f.name for f in table_schema if supported_type(f.type)]
-        self.on_progress = on_progress  # keeps the instant's heartbeat alive (Spark tasks)
         self.files: list[dict[str, Any]] = []
         self._unsynced: list[str] = []  # closed files not yet made durable
         self._encodings: tuple[list[str], dict[str, str]] | None = None
 
     def write(self, rows: pa.Table) -> None:
         """Append rows as `prepare` returns them; `_flush` adds this instant's commit time."""
-        if self.on_progress is not None:
-            self.on_progress()
         # One estimate per call: `nbytes` of a slice costs about 14 us, paid per bucket and piece.
         row_bytes = rows.nbytes / max(rows.num_rows, 1)
         for partition, bucket, group in split_rows(rows, self.config.partition_by, self.config.record_key,

@@ -45,7 +45,7 @@ from nbcc.config import READ_OPTIONS, WRITE_OPTIONS, TableConfig, parse_options
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
-from nbcc.heartbeat import Throttled, interval_s
+from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.scan import (
     DEFAULT_MAX_PARTITION_BYTES,
     INCREMENTAL,
@@ -279,13 +279,15 @@ class NbccWriter(DataSourceArrowWriter):
 
         ctx = TaskContext.get()
         token = make_token(ctx.partitionId(), ctx.stageId(), ctx.attemptNumber()) if ctx else make_token(0, 0, 0)
-        beat = Throttled(self.storage, self.txn.instant, interval_s(self.config.heartbeat_timeout_s))
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
-                           self.max_log_file_bytes, on_progress=beat)
+                           self.max_log_file_bytes)
+        # Beats while the task runs, rows or not: a task whose rows take long to compute must not
+        # let a cleaner take the write for dead.
         try:
-            for rows in coalesced(iterator):
-                writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation))
-            files = writer.close()
+            with Heartbeat(self.storage, self.txn.instant, interval_s(self.config.heartbeat_timeout_s), keep=True):
+                for rows in coalesced(iterator):
+                    writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation))
+                files = writer.close()
         except BaseException:
             writer.abort()  # no half-written file may surface later (S3 uploads on close)
             raise

@@ -44,7 +44,7 @@ from nbcc.compaction import maybe_compact
 from nbcc.config import STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, parse_options
 from nbcc.errors import CommitError, InvalidOptionError
 from nbcc.filenames import make_token
-from nbcc.heartbeat import Throttled, interval_s
+from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.rollback import rollback_instant
 from nbcc.scan import DEFAULT_MAX_PARTITION_BYTES, ReadOptions, pack_tasks, read_schema
 from nbcc.storage import Storage
@@ -58,6 +58,7 @@ from nbcc.stream import (
     next_offset,
     plan_range,
 )
+from nbcc.timeline import REPLACE_COMMIT
 from nbcc.writer import LogWriter, coalesced, prepare
 
 from .source import NbccReader, TaskPartition, _spark_schema, _table_uri
@@ -77,6 +78,7 @@ class NbccStreamCommitMessage(WriterCommitMessage):
     instant: str | None = None  # None: this task had no rows
     files: list[dict[str, Any]] = field(default_factory=list)
     committed_before: bool = False  # the batch's instant had completed: a replay, nothing written
+    query_id: str | None = None  # Spark's query id (the owner of stream_id), known only to tasks
 
 
 def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) -> "NbccStreamWriter":
@@ -122,30 +124,38 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
         # The instant of a batch is reused when Spark replays the batch, maybe by a new application
         # whose stage ids start at 0 again: a random middle number keeps file names unique.
         token = make_token(ctx.partitionId(), random.randrange(2**31), ctx.attemptNumber())
-        txn, claim, writer = self.template, None, None
+        txn, claim, writer, alive = self.template, None, None, None
         try:
             for rows in coalesced(iterator):
                 if claim is None:
                     claim = claim_batch(self.storage, txn.clock, stream_id, int(batch_id), txn.action,
                                         {"operation": txn.operation}, query_id)
                     if claim.committed:
-                        return NbccStreamCommitMessage(stream_id, claim.instant, committed_before=True)
-                    beat = Throttled(self.storage, claim.instant, interval_s(self.config.heartbeat_timeout_s))
+                        return NbccStreamCommitMessage(stream_id, claim.instant, committed_before=True,
+                                                       query_id=query_id)
+                    # Beats until the task ends, rows or not (a slow stretch is not a dead write).
+                    alive = Heartbeat(self.storage, claim.instant, interval_s(self.config.heartbeat_timeout_s),
+                                      keep=True).__enter__()
                     writer = LogWriter(self.storage, self.config, txn.schema, claim.instant, token,
-                                       self.max_log_file_bytes, on_progress=beat)
+                                       self.max_log_file_bytes)
                 writer.write(prepare(rows, self.config, txn.schema, txn.operation))
             if writer is None:
-                return NbccStreamCommitMessage(stream_id)
-            return NbccStreamCommitMessage(stream_id, claim.instant, writer.close())
+                return NbccStreamCommitMessage(stream_id, query_id=query_id)
+            return NbccStreamCommitMessage(stream_id, claim.instant, writer.close(), query_id=query_id)
         except BaseException:
             if writer is not None:
                 writer.abort()  # no half-written file may surface later (S3 uploads on close)
             raise
+        finally:
+            if alive is not None:
+                alive.__exit__(None, None, None)
 
     def commit(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if m is not None and m.instant]
+        if not written and self.template.action == REPLACE_COMMIT:
+            written = self._empty_result(messages, batchId)
         if not written:
-            return  # no task had a row: an empty micro-batch makes no commit
+            return  # no task had a row: an empty micro-batch makes no commit in append mode
         instants = sorted({m.instant for m in written})
         if len(instants) > 1:
             raise CommitError(
@@ -161,6 +171,21 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.template.clock, every, inline,
                       f"streaming batch {batchId} of stream {written[0].stream_id} (instant {instants[0]})", log)
+
+    def _empty_result(self, messages: list[NbccStreamCommitMessage | None], batchId: int
+                      ) -> list[NbccStreamCommitMessage]:
+        """Complete mode, no task had a row: the batch's result is empty, so the table must become
+        empty. The claim is made here (replays find it like any other); the tasks' messages
+        carry the stream id and the query id, which only tasks can see."""
+        told = [m for m in messages if m is not None and m.stream_id]
+        if not told:
+            log.warning("streaming batch %s in complete mode had no rows and no task reported its stream: "
+                        "the table keeps its rows", batchId)
+            return []
+        t = self.template
+        claim = claim_batch(self.storage, t.clock, told[0].stream_id, batchId, t.action,
+                            {"operation": t.operation}, told[0].query_id)
+        return [NbccStreamCommitMessage(told[0].stream_id, claim.instant, committed_before=claim.committed)]
 
     def abort(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if m is not None and m.instant and not m.committed_before]
