@@ -25,6 +25,7 @@ from .config import (
     UPSERT,
     WRITE_OPTIONS,
     TableConfig,
+    parse_options,
     parse_table_options,
 )
 from .errors import (
@@ -192,12 +193,9 @@ class Table:
         the last one (and runs it here too with `compaction_inline=True`)."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
-        parse = {k: WRITE_OPTIONS[k].parse for k in ("compaction_delta_commits", "compaction_inline",
-                                                     "max_log_file_bytes")}
-        every = (parse["compaction_delta_commits"](compaction_delta_commits)
-                 if compaction_delta_commits is not None else None)
-        inline = parse["compaction_inline"](compaction_inline)
-        max_bytes = parse["max_log_file_bytes"](max_log_file_bytes) if max_log_file_bytes is not None else None
+        given, _ = parse_options({"compaction_delta_commits": compaction_delta_commits,
+                                  "compaction_inline": compaction_inline,
+                                  "max_log_file_bytes": max_log_file_bytes}, WRITE_OPTIONS, "write")
         schema, batches = _as_batches(data)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
@@ -211,7 +209,7 @@ class Table:
 
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
                                check_first=check_all if isinstance(whole, pa.Table) else None)
-        writer = self.log_writer(txn, make_token(0, 0, 0), max_bytes)
+        writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):
                 try:
@@ -233,7 +231,8 @@ class Table:
                     log.warning("write %s failed and rolling it back failed too (the cleaner rolls it "
                                 "back once its heartbeat expires): %s", txn.instant, exc)
             raise
-        maybe_compact(self.storage, self.config, self.clock, every, inline, f"commit {txn.instant}", log)
+        maybe_compact(self.storage, self.config, self.clock, given.get("compaction_delta_commits"),
+                      given.get("compaction_inline", False), f"commit {txn.instant}", log)
         return txn.instant
 
     # -- table services ----------------------------------------------------------------------
