@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
@@ -124,31 +125,30 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
         # The instant of a batch is reused when Spark replays the batch, maybe by a new application
         # whose stage ids start at 0 again: a random middle number keeps file names unique.
         token = make_token(ctx.partitionId(), random.randrange(2**31), ctx.attemptNumber())
-        txn, claim, writer, alive = self.template, None, None, None
-        try:
-            for rows in coalesced(iterator):
-                if claim is None:
-                    claim = claim_batch(self.storage, txn.clock, stream_id, int(batch_id), txn.action,
-                                        {"operation": txn.operation}, query_id)
-                    if claim.committed:
-                        return NbccStreamCommitMessage(stream_id, claim.instant, committed_before=True,
-                                                       query_id=query_id)
-                    # Beats until the task ends, rows or not (a slow stretch is not a dead write).
-                    alive = Heartbeat(self.storage, claim.instant, interval_s(self.config.heartbeat_timeout_s),
-                                      keep=True).__enter__()
-                    writer = LogWriter(self.storage, self.config, txn.schema, claim.instant, token,
-                                       self.max_log_file_bytes)
-                writer.write(prepare(rows, self.config, txn.schema, txn.operation))
-            if writer is None:
-                return NbccStreamCommitMessage(stream_id, query_id=query_id)
-            return NbccStreamCommitMessage(stream_id, claim.instant, writer.close(), query_id=query_id)
-        except BaseException:
-            if writer is not None:
-                writer.abort()  # no half-written file may surface later (S3 uploads on close)
-            raise
-        finally:
-            if alive is not None:
-                alive.__exit__(None, None, None)
+        txn, claim, writer = self.template, None, None
+        # The heartbeat starts with the claim, at the first row, so it is entered on a stack.
+        with ExitStack() as alive:
+            try:
+                for rows in coalesced(iterator):
+                    if claim is None:
+                        claim = claim_batch(self.storage, txn.clock, stream_id, int(batch_id), txn.action,
+                                            {"operation": txn.operation}, query_id)
+                        if claim.committed:
+                            return NbccStreamCommitMessage(stream_id, claim.instant, committed_before=True,
+                                                           query_id=query_id)
+                        # Beats until the task ends, rows or not (a slow stretch is not a dead write).
+                        alive.enter_context(Heartbeat(self.storage, claim.instant,
+                                                      interval_s(self.config.heartbeat_timeout_s), keep=True))
+                        writer = LogWriter(self.storage, self.config, txn.schema, claim.instant, token,
+                                           self.max_log_file_bytes)
+                    writer.write(prepare(rows, self.config, txn.schema, txn.operation))
+                if writer is None:
+                    return NbccStreamCommitMessage(stream_id, query_id=query_id)
+                return NbccStreamCommitMessage(stream_id, claim.instant, writer.close(), query_id=query_id)
+            except BaseException:
+                if writer is not None:
+                    writer.abort()  # no half-written file may surface later (S3 uploads on close)
+                raise
 
     def commit(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if m is not None and m.instant]
