@@ -8,6 +8,7 @@ The cross-process tests run real processes (the venv's python) against one local
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,9 +19,11 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+import nbcc.clock
 from nbcc.clock import TimeGenerator, format_time, parse_time
-from nbcc.errors import LockLostError
+from nbcc.errors import LockLostError, LockTimeoutError
 from nbcc.storage import Storage
+from nbcc.timeline import Timeline, create_completed, create_inflight, create_requested
 
 
 def _ms(dt: datetime) -> int:
@@ -199,6 +202,88 @@ def test_lock_grant_check_counts_the_time_spent_taking_the_lock(memory_uri):
             assert other_grant.time > grant.time
             with pytest.raises(LockLostError):
                 grant.check()
+
+
+def _take_with_clock_off_by(gen: TimeGenerator, offset_ms: int, monkeypatch) -> str:
+    """`gen` takes the lock with a wall clock `offset_ms` off, and never releases it (a holder on
+    a machine whose clock is wrong, that crashed or is still writing); its time."""
+    real = nbcc.clock._now_ms
+    monkeypatch.setattr(nbcc.clock, "_now_ms", lambda: real() + offset_ms)
+    state, _, _ = gen._acquire(take=True)
+    monkeypatch.setattr(nbcc.clock, "_now_ms", real)
+    return format_time(state.last_time_ms)
+
+
+def test_a_holder_whose_clock_runs_fast_blocks_others_only_for_one_lease(memory_uri, monkeypatch):
+    # Its lease_until_ms is a minute ahead of everyone else's clock. Waiters judge the lease by
+    # how long they have seen the same state, so they take over after one lease, not a minute.
+    fast = _take_with_clock_off_by(TimeGenerator(Storage(memory_uri), lease_ms=1000), 60_000, monkeypatch)
+    other = TimeGenerator(Storage(memory_uri), lease_ms=1000, timeout_ms=10_000)
+    with other.locked() as grant:
+        assert grant.time > fast  # still after every time issued, the fast one included
+
+
+def test_a_holder_whose_clock_runs_slow_is_not_taken_over_within_its_lease(memory_uri, monkeypatch):
+    # Its lease_until_ms is already past on everyone else's clock when it takes the lock.
+    holder = TimeGenerator(Storage(memory_uri), lease_ms=1000)
+    slow = _take_with_clock_off_by(holder, -10_000, monkeypatch)
+    with pytest.raises(LockTimeoutError):
+        TimeGenerator(Storage(memory_uri), lease_ms=1000, timeout_ms=300).new_instant()
+    # Once a whole lease has passed with the same state, it is taken over.
+    other = TimeGenerator(Storage(memory_uri), lease_ms=1000, timeout_ms=10_000)
+    with other.locked() as grant:
+        assert grant.time > slow
+        assert grant.state.holder == other.holder_id
+
+
+class _SlowListing(Storage):
+    """Listings of the timeline take `delay_s` (a slow store), puts into it `put_delay_s`."""
+
+    delay_s = put_delay_s = 0.0
+
+    def list_names(self, rel_dir: str, prefix: str = "") -> list[str]:
+        if rel_dir.endswith("timeline"):
+            time.sleep(self.delay_s)
+        return super().list_names(rel_dir, prefix)
+
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
+        if "/timeline/" in rel:
+            time.sleep(self.put_delay_s)
+        return super().put_if_absent(rel, data, durable)
+
+
+def _pending(st: Storage, instant: str) -> None:
+    create_requested(st, instant, "deltacommit", {})
+    create_inflight(st, instant, "deltacommit", {})
+
+
+def test_a_commit_whose_listing_outlasts_half_the_lease_publishes_nothing(memory_uri):
+    # The lease is checked after the commit's listing, right before its put: the put always has
+    # half a lease to land before another process may take the lock over.
+    st = _SlowListing(memory_uri)
+    gen = TimeGenerator(st, lease_ms=400)
+    instant = gen.new_instant()
+    _pending(st, instant)
+    st.delay_s = 0.3
+    with pytest.raises(LockLostError):
+        with gen.locked() as grant:
+            create_completed(st, instant, grant, "deltacommit", {"files": []})
+    assert Timeline.load(Storage(memory_uri)).get(instant).state == "inflight"
+
+
+def test_a_commit_published_past_its_lease_is_logged_as_an_error(memory_uri, caplog):
+    st = _SlowListing(memory_uri)
+    gen = TimeGenerator(st, lease_ms=400)
+    instant = gen.new_instant()
+    _pending(st, instant)
+    st.put_delay_s = 0.5
+    with caplog.at_level(logging.ERROR, logger="nbcc.clock"):
+        with gen.locked() as grant:
+            completion = create_completed(st, instant, grant, "deltacommit", {"files": []})
+    assert Timeline.load(Storage(memory_uri)).get(instant).completion == completion
+    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and f"deltacommit {instant} (completed at {completion}) was published" in errors[0]
+    assert "past its 400 ms lease" in errors[0]
 
 
 def test_lock_state_files_are_collected_after_many_acquisitions(local_table):

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from nbcc.clock import LockGrant, LockState
 from nbcc.errors import CommitError
 from nbcc.storage import Storage
 from nbcc.timeline import (
@@ -28,6 +29,11 @@ T4 = "20240102030405004"
 T5 = "20240102030405005"
 T6 = "20240102030405006"
 TIMELINE = ".nbcc/timeline"
+
+
+def _grant(completion: str) -> LockGrant:
+    """The table lock as a commit holds it, having issued `completion`."""
+    return LockGrant(completion, LockState(1, "test", 0, 0), wait_ms=0.0, lease_ms=30_000)
 
 
 # -- parsing ------------------------------------------------------------------------------------
@@ -147,7 +153,7 @@ def test_an_instant_is_completed_iff_its_completed_file_exists(memory_uri):
     assert _state(st, T1) == "inflight"
     assert Timeline.load(st).completed() == []
 
-    create_completed(st, T1, T2, "deltacommit", {"files": [], "rows": 7})
+    create_completed(st, T1, _grant(T2), "deltacommit", {"files": [], "rows": 7})
     tl = Timeline.load(st)
     assert tl.get(T1) == Instant(T1, "deltacommit", "completed", T2)
     assert read_commit_metadata(st, tl.get(T1))["rows"] == 7
@@ -159,7 +165,7 @@ def test_an_instant_is_completed_iff_its_completed_file_exists(memory_uri):
 
     # Without its completed file the instant is no longer committed.
     create_inflight(st, T3, "deltacommit", {})
-    create_completed(st, T3, T4, "deltacommit", {"files": []})
+    create_completed(st, T3, _grant(T4), "deltacommit", {"files": []})
     st.delete(f"{TIMELINE}/{T3}_{T4}.deltacommit")
     tl = Timeline.load(st)
     assert tl.get(T3).state == "inflight"
@@ -180,9 +186,9 @@ def test_completing_an_instant_twice_raises_commit_error(any_table):
     st = Storage(uri, opts)
     create_requested(st, T1, "deltacommit", {})
     create_inflight(st, T1, "deltacommit", {})
-    create_completed(st, T1, T2, "deltacommit", {"attempt": 1})
+    create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 1})
     with pytest.raises(CommitError, match=T1):
-        create_completed(st, T1, T2, "deltacommit", {"attempt": 2})
+        create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 2})
     # The first commit's metadata is untouched.
     assert read_commit_metadata(st, Timeline.load(st).get(T1))["attempt"] == 1
 
@@ -194,9 +200,9 @@ def test_completing_an_instant_again_with_a_new_completion_time_raises_commit_er
     st = Storage(uri, opts)
     create_requested(st, T1, "deltacommit", {})
     create_inflight(st, T1, "deltacommit", {})
-    create_completed(st, T1, T2, "deltacommit", {"attempt": 1})
+    create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 1})
     with pytest.raises(CommitError, match=T1):
-        create_completed(st, T1, T3, "deltacommit", {"attempt": 2})
+        create_completed(st, T1, _grant(T3), "deltacommit", {"attempt": 2})
     assert Timeline.load(st).completion_times() == {T1: T2}
     assert [n for n in st.list_names(TIMELINE) if parse_instant_file(n).is_completed] == [
         f"{T1}_{T2}.deltacommit"

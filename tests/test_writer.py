@@ -126,9 +126,9 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
         real_fsync(path)
     monkeypatch.setattr(nbcc.storage, "_fsync_path", fsync)
 
-    def completing(storage, instant, completion, action, metadata):
+    def completing(storage, instant, grant, action, metadata):
         events.append(("commit", instant))
-        return real_complete(storage, instant, completion, action, metadata)
+        return real_complete(storage, instant, grant, action, metadata)
     monkeypatch.setattr(nbcc.commit, "create_completed", completing)
     monkeypatch.setattr(nbcc.compaction, "create_completed", completing)
 

@@ -154,8 +154,7 @@ def _complete_clean(storage: Storage, clock: TimeGenerator, instant: str, result
     """Record a clean whose deletes are done; another cleaner may have recorded it already."""
     try:
         with clock.locked() as grant:
-            grant.check()
-            create_completed(storage, instant, grant.time, CLEAN, result)
+            create_completed(storage, instant, grant, CLEAN, result)
     except CommitError:
         if not Timeline.load(storage).get(instant).is_completed:
             raise

@@ -6,7 +6,11 @@ local disk and S3 with no lock server. Its state is a sequence of small JSON fil
 put-if-absent of `seq + 1` (one winner). The state carries
 
 - `holder` and `lease_until_ms`: who holds the lock and until when. A crashed holder's lease runs
-  out and the next process takes the lock over; no lock is ever held forever.
+  out and the next process takes the lock over; no lock is ever held forever. Whether a lease ran
+  out is judged on the waiting process's own monotonic clock (it has seen the same held state
+  for a whole lease), never by comparing another machine's wall clock with its own: a holder
+  whose clock ran fast would block the table, one whose clock ran slow would be taken over
+  while it still writes.
 - `last_time_ms`: the last time issued. Every new time is `max(now, last + 1 ms)`, so times are
   strictly increasing across processes and machines without Hudi's sleep of the clock skew.
 
@@ -94,8 +98,11 @@ class LockState:
     lease_until_ms: int
     last_time_ms: int
 
-    def is_free(self, now_ms: int) -> bool:
-        return self.holder is None or self.lease_until_ms <= now_ms
+    def is_free(self, watched_ms: float, lease_ms: int) -> bool:
+        """Free, or held by a holder whose lease ran out: this process has seen this very state
+        as the current one for `watched_ms`, at least a lease. The holder counts its lease from
+        before its swap, so it stops writing (`LockGrant.check`) well before."""
+        return self.holder is None or watched_ms >= lease_ms
 
 
 @dataclass
@@ -120,15 +127,32 @@ class LockGrant:
     lease_ms: int
     _acquired_mono: float = field(default_factory=time.monotonic)
 
+    @property
+    def held_ms(self) -> float:
+        return (time.monotonic() - self._acquired_mono) * 1000
+
     def check(self) -> None:
         """Raise unless well inside the lease. Called right before the critical write, so a
-        holder that stalled (GC pause, suspended VM) never writes after another took over."""
-        held_ms = (time.monotonic() - self._acquired_mono) * 1000
+        holder that stalled (GC pause, suspended VM) never writes after another took over: the
+        write has the other half of the lease to land."""
+        held_ms = self.held_ms
         if held_ms > self.lease_ms / 2:
             raise LockLostError(
                 f"held the table lock for {held_ms:.0f} ms, more than half its {self.lease_ms} ms "
                 "lease; stopped before committing. Retry the commit, or raise lock_lease_ms."
             )
+
+    def published(self, what: str) -> None:
+        """Called once the critical write returned. One that took longer than the lease may have
+        landed after another process took the lock over and issued later times (a compaction
+        scheduled then would not include it): nothing can undo that here, so say it loudly."""
+        held_ms = self.held_ms
+        if held_ms > self.lease_ms:
+            log.error("%s was published %.0f ms after the table lock was taken, past its %d ms lease: "
+                      "another process may have taken the lock over first, and a compaction it scheduled "
+                      "may leave this commit's rows out of the file slices it replaces. Check with "
+                      "`nbcc slices`, and raise lock_lease_ms if storage calls can take this long.",
+                      what, held_ms, self.lease_ms)
 
 
 class TimeGenerator:
@@ -193,11 +217,14 @@ class TimeGenerator:
         """CAS from a free state to one that issued a new time (and holds the lock if `take`)."""
         start = time.monotonic()
         attempt = 0
+        watched: tuple[int, float] = (-1, start)  # the state seen current, and since when
         while True:
             state = self._read_state()
             lease_start = time.monotonic()  # the lease counts from here, not from the swap's end
+            if state.seq != watched[0]:
+                watched = (state.seq, lease_start)  # seen no earlier than it was put
             now = _now_ms()
-            if state.is_free(now):
+            if state.is_free((lease_start - watched[1]) * 1000, self.lease_ms):
                 issued = max(now, state.last_time_ms + 1)
                 new = LockState(
                     seq=state.seq + 1,
@@ -244,6 +271,9 @@ class TimeGenerator:
                 # is gone, taken over once its lease runs out. A state that issued a time is
                 # fsynced, so that no time is issued twice.
                 freed = self._swap(released, durable=False)
+                if not freed:
+                    log.warning("the table lock of %s was taken over after %.0f ms, past its %d ms lease",
+                                self.storage.uri, hold_ms, self.lease_ms)
             except Exception as exc:  # noqa: BLE001
                 freed = False
                 log.warning("releasing the table lock failed (it expires with its lease): %s", exc)

@@ -95,9 +95,7 @@ class WriteTransaction:
             if self.added_columns:  # under the lock: no commit can slip in between
                 self._check_added_columns()
             metadata["lock_wait_ms"] = round(grant.wait_ms, 3)
-            grant.check()
-            create_completed(self.storage, self.instant, grant.time, self.action, metadata)
-            completion = grant.time
+            completion = create_completed(self.storage, self.instant, grant, self.action, metadata)
         if shared_instant:
             indexed = index_commit(self.storage, metadata, maintain=False)
         # The commit is published: what follows is tidying, and must never fail the write

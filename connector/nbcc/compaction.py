@@ -138,9 +138,7 @@ def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: 
                 "rows": sum(f["rows"] for f in files), "bytes": sum(f["bytes"] for f in files)}
     try:
         with clock.locked() as grant:
-            grant.check()
-            create_completed(storage, tc, grant.time, COMPACTION_COMMIT, metadata)
-            completion = grant.time
+            completion = create_completed(storage, tc, grant, COMPACTION_COMMIT, metadata)
     except CommitError:
         if Timeline.load(storage).get(tc).is_completed:
             return None

@@ -222,8 +222,7 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
             write_states(storage, grant, {**states, **{k: READY for k in ready}})
             meta = {"instant": ti, "action": INDEXING, "partitions": plan["partitions"],
                     "base_instant": plan.get("base_instant"), "ready": ready, "files": []}
-            grant.check()
-            create_completed(storage, ti, grant.time, INDEXING, meta)
+            create_completed(storage, ti, grant, INDEXING, meta)
     if cancelled:
         _stop_cancelled(storage, ti)
     remove_pending_files(storage, ti, INDEXING)

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from .clock import TIME_LEN
+from .clock import TIME_LEN, LockGrant
 from .errors import CommitError
 from .storage import Storage
 
@@ -195,13 +195,14 @@ def create_inflight(storage: Storage, instant: str, action: str, info: dict[str,
         raise CommitError(f"instant {instant} is already inflight")
 
 
-def create_completed(storage: Storage, instant: str, completion: str, action: str,
-                     metadata: dict[str, Any]) -> None:
-    """Publish a commit. Must run under the table lock that issued `completion`.
+def create_completed(storage: Storage, instant: str, grant: LockGrant, action: str,
+                     metadata: dict[str, Any]) -> str:
+    """Publish a commit under the table lock `grant`, whose time is its completion time (returned).
 
     The completed file's name holds the completion time, so put-if-absent alone cannot stop a
     retried commit from completing the instant twice; under the lock, looking first is safe. The
     same look refuses an instant that was rolled back (rollback marks it under the same lock)."""
+    completion = grant.time
     names = storage.list_names(TIMELINE_DIR, prefix=instant)
     for name in names:
         if name.startswith(f"{instant}_"):
@@ -217,8 +218,11 @@ def create_completed(storage: Storage, instant: str, completion: str, action: st
     if not any(n.startswith(f"{instant}.{pending_action}.") for n in names):
         raise CommitError(f"instant {instant} is not pending on the timeline (rolled back and archived?)")
     name = f"{instant}_{completion}.{action}"
+    grant.check()  # after the listing: the put has the rest of half a lease to land
     if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata)):
         raise CommitError(f"instant {instant} is already completed")
+    grant.published(f"{action} {instant} (completed at {completion})")
+    return completion
 
 
 def remove_pending_files(storage: Storage, instant: str, action: str) -> None:
