@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import nbcc
 from faults import AFTER, BEFORE, FaultyStorage
-from nbcc.errors import StorageError
+from nbcc.errors import InvalidOptionError, StorageError, TableExistsError
 from nbcc.storage import Storage, is_transient
 
 
@@ -32,7 +33,9 @@ def storage(request, memory_uri, tmp_path):
 def test_put_if_absent_creates_once_and_keeps_the_first_content(storage):
     assert storage.put_if_absent(".nbcc/timeline/a.json", b'{"first": 1}') is True
     assert storage.put_if_absent(".nbcc/timeline/a.json", b'{"second": 2}') is False
-    assert storage.put_if_absent(".nbcc/timeline/a.json", b'{"first": 1}') is False
+    # Equal content again: on S3 it counts as this put's own, since a retry inside the S3 client
+    # may have found the file its own first attempt created; nbcc never puts equal content twice.
+    assert storage.put_if_absent(".nbcc/timeline/a.json", b'{"first": 1}') is storage.is_s3
     assert storage.read_bytes(".nbcc/timeline/a.json") == b'{"first": 1}'
     # Another name in the same folder is independent.
     assert storage.put_if_absent(".nbcc/timeline/b.json", b"b") is True
@@ -283,8 +286,8 @@ def test_a_put_whose_reply_was_lost_is_recognised_as_its_own(faulty):
     assert faulty.faults.calls["put"] == 2
     assert plain(faulty).read_bytes("meta/a.json") == b'{"mine": 1}'
     assert plain(faulty).list_names("meta") == ["a.json"]
-    # Asked again without any fault, the name is taken: False, as always.
-    assert faulty.put_if_absent("meta/a.json", b'{"mine": 1}') is False
+    # Asked again without any fault, the name is taken: False, but on S3 (see the first test).
+    assert faulty.put_if_absent("meta/a.json", b'{"mine": 1}') is faulty.is_s3
 
 
 @pytest.mark.parametrize("when", [BEFORE, AFTER])
@@ -503,3 +506,101 @@ def test_data_reads_through_fsspec_leave_no_python_buffer_to_arrow_threads(memor
     assert table.read().num_rows == 22_000
     gc.collect()
     assert released_by_python and all(released_by_python), released_by_python.count(False)
+
+
+# -- S3: the client's own retries, its listing cache, its options and its errors ---------------------
+
+def _client_retries_after_landing(monkeypatch, st: Storage) -> None:
+    """Every conditional put of `st`'s S3 client lands and its reply is lost, and the client
+    (botocore or s3fs, not nbcc) sends it again: the second request gets 412."""
+    real = st.fs.pipe_file
+
+    def landed_then_retried(path, data, **kwargs):
+        real(path, data, **kwargs)
+        return real(path, data, **kwargs)
+    monkeypatch.setattr(st.fs, "pipe_file", landed_then_retried)
+
+
+def test_an_s3_put_the_client_retried_after_it_landed_is_its_own(s3_table, monkeypatch):
+    uri, opts = s3_table
+    st = Storage(uri, opts)
+    assert Storage(uri, opts).put_if_absent("meta/theirs.json", b"theirs") is True
+    _client_retries_after_landing(monkeypatch, st)
+    assert st.put_if_absent("meta/mine.json", b"mine") is True
+    assert st.put_if_absent("meta/theirs.json", b"mine") is False  # another writer's file
+    assert st.read_bytes("meta/theirs.json") == b"theirs"
+
+
+def test_a_table_created_on_s3_by_a_put_the_client_retried_is_created(s3_table, monkeypatch):
+    # Before, the create raised TableExistsError for the table it had just made. Two creators
+    # of the same table with the same settings still get one table and one TableExistsError:
+    # each table.json carries its own table_id.
+    uri, opts = s3_table
+    schema = pa.schema([("id", pa.int64())])
+    with monkeypatch.context() as m:
+        _client_retries_after_landing(m, Storage(uri, opts))
+        table = nbcc.Table.create(uri, schema, "id", buckets=2, storage_options=opts)
+    table.write(pa.table({"id": [1, 2]}))
+    with pytest.raises(TableExistsError):
+        nbcc.Table.create(uri, schema, "id", buckets=2, storage_options=opts)
+    assert nbcc.Table.open(uri, opts).read().num_rows == 2
+
+
+def test_s3_files_another_process_added_since_a_listing_are_read(s3_table):
+    # s3fs caches every listing, for good, and opens files through it: a process that had
+    # listed a partition folder (a clean, a rollback) then missed every file committed there by
+    # others, and failed their reads with "committed data file ... is missing".
+    uri, opts = s3_table
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string())])
+    nbcc.Table.create(uri, schema, "id", partition_by="p", buckets=1, storage_options=opts)
+    this = nbcc.Table.open(uri, opts)
+    this.write(pa.table({"id": [1], "p": ["a"]}))
+    this.clean()  # lists p=a/
+    other = nbcc.Table.open(uri, {**opts, "skip_instance_cache": True})  # another process's client
+    assert other.storage.fs is not this.storage.fs
+    other.write(pa.table({"id": [2], "p": ["a"]}))
+    assert sorted(this.read().column("id").to_pylist()) == [1, 2]
+
+
+def test_an_unknown_s3_storage_option_is_an_error_that_lists_the_valid_ones(s3_table):
+    uri, opts = s3_table
+    with pytest.raises(InvalidOptionError, match=r"unknown S3 storage option regoin_name; .*endpoint_url.*region_name"):
+        Storage(uri, {**opts, "regoin_name": "eu-west-1"})
+
+
+def test_storage_options_for_a_local_or_memory_table_are_an_error(tmp_path, memory_uri):
+    for uri in (str(tmp_path / "t"), memory_uri):
+        with pytest.raises(InvalidOptionError, match=r"storage options \['key'\] given for .* takes none"):
+            nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options={"key": "k"})
+    assert not (tmp_path / "t").exists()
+
+
+def test_s3_storage_option_values_are_converted_by_what_they_are(s3_table):
+    uri, opts = s3_table
+    st = Storage(uri, {**opts, "key": "12345", "use_ssl": "false", "max_concurrency": "4",
+                       "region_name": "eu-west-1", "config_kwargs": '{"read_timeout": 30}'})
+    assert st.fs.key == "12345"  # digits, but a key is text (it used to become an int)
+    assert st.fs.use_ssl is False and st.fs.max_concurrency == 4
+    assert st.fs.client_kwargs == {"region_name": "eu-west-1"}
+    assert st.fs.config_kwargs == {"read_timeout": 30}
+    with pytest.raises(InvalidOptionError, match="client_kwargs=.* is not a JSON object"):
+        Storage(uri, {**opts, "client_kwargs": "{region_name: x}"})
+
+
+def test_a_missing_bucket_is_named_not_taken_for_a_missing_table(s3_server):
+    opts = s3_server["storage_options"]
+    uri = "s3://no-such-bucket-nbcc/t"
+    with pytest.raises(StorageError, match="the bucket of s3://no-such-bucket-nbcc/t does not exist"):
+        nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options=opts)
+    with pytest.raises(StorageError, match="bucket .* does not exist"):
+        nbcc.Table.open(uri, opts)
+
+
+def test_missing_s3_credentials_say_how_to_give_them(s3_table, monkeypatch, tmp_path):
+    uri, opts = s3_table
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(StorageError, match="NoCredentialsError.*give storage options key and secret"):
+        nbcc.Table.open(uri, {"endpoint_url": opts["endpoint_url"]})

@@ -8,6 +8,7 @@ lists the valid ones.
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -229,6 +230,9 @@ class TableConfig:
     # Metadata table partitions in use: kind -> "building" | "ready" (metadata_table.py). The one
     # field that is rewritten (under the table lock); absent in tables that never had one.
     metadata_table: dict[str, str] = field(default_factory=dict)
+    # A UUID its creator chose: it makes every table.json's content unique, which is how
+    # put-if-absent tells a retried create that did land from another creator's (storage.py).
+    table_id: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -285,7 +289,7 @@ class TableConfig:
         fields = [f.with_nullable(False) if f.name in keys else f for f in schema]
         return cls(pa.schema(fields), keys, ordering_field, parts, TABLE_OPTIONS["buckets"].parse(buckets), mode,
                    TABLE_OPTIONS["lock_lease_ms"].parse(lock_lease_ms),
-                   TABLE_OPTIONS["heartbeat_timeout_s"].parse(heartbeat_timeout_s))
+                   TABLE_OPTIONS["heartbeat_timeout_s"].parse(heartbeat_timeout_s), table_id=str(uuid.uuid4()))
 
     def to_json(self) -> bytes:
         doc = {
@@ -299,6 +303,7 @@ class TableConfig:
             "lock_lease_ms": self.lock_lease_ms,
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
             **({"metadata_table": dict(self.metadata_table)} if self.metadata_table else {}),
+            **({"table_id": self.table_id} if self.table_id else {}),
             **self.extra,
         }
         return json.dumps(doc, indent=2).encode()
@@ -313,7 +318,7 @@ class TableConfig:
         if version != FORMAT_VERSION:
             raise SchemaError(f"table format version {version} is not supported by this nbcc (supports {FORMAT_VERSION})")
         known = {"format_version", "schema", "record_key", "ordering_field", "partition_by", "buckets",
-                 "merge_mode", "lock_lease_ms", "heartbeat_timeout_s", "metadata_table"}
+                 "merge_mode", "lock_lease_ms", "heartbeat_timeout_s", "metadata_table", "table_id"}
         try:
             config = cls(
                 schema=schema_from_json(doc["schema"]),
@@ -328,6 +333,7 @@ class TableConfig:
                     doc.get("heartbeat_timeout_s", DEFAULT_HEARTBEAT_TIMEOUT_S)),
                 format_version=version,
                 metadata_table=dict(doc.get("metadata_table") or {}),
+                table_id=doc.get("table_id"),
                 extra={k: v for k, v in doc.items() if k not in known},
             )
         except KeyError as exc:

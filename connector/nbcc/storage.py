@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import random
@@ -40,7 +41,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.spec import AbstractBufferedFile
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from .errors import NbccError, StorageError
+from .errors import InvalidOptionError, NbccError, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -105,17 +106,77 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, _TakenThenFreed) or is_transient(exc)
 
 
-def _coerce(value: Any) -> Any:
-    """Option values arrive as strings from Spark; fsspec wants booleans and numbers."""
-    if isinstance(value, str):
-        low = value.strip().lower()
-        if low in ("true", "false"):
-            return low == "true"
+# S3 options whose values are text, however they look (a digit-only key or secret is one).
+_S3_TEXT_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "profile", "endpoint_url",
+                              "region_name"})
+# Options s3fs takes through **kwargs: fsspec's listing cache and the botocore session's profile.
+_S3_EXTRA_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "profile",
+                               "skip_instance_cache"})
+# Not options a user can give as text, or ones nbcc must own.
+_S3_REFUSED_OPTIONS = frozenset({"self", "kwargs", "asynchronous", "loop", "session"})
+
+
+def _s3_option_names() -> frozenset[str]:
+    import inspect
+
+    import s3fs
+
+    params = inspect.signature(s3fs.S3FileSystem.__init__).parameters
+    return (frozenset(params) - _S3_REFUSED_OPTIONS) | _S3_EXTRA_OPTIONS | {"region_name"}
+
+
+def _coerce(name: str, value: Any) -> Any:
+    """Option values arrive as strings from Spark and the CLI; fsspec wants booleans, numbers
+    and, for s3fs's `client_kwargs` and the like, dicts (given as JSON objects)."""
+    if not isinstance(value, str) or name in _S3_TEXT_OPTIONS:
+        return value
+    text = value.strip()
+    if text.startswith("{"):
         try:
-            return int(value)
-        except ValueError:
-            return value
-    return value
+            parsed = json.loads(text)
+        except ValueError as exc:
+            raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object: {exc}") from None
+        if not isinstance(parsed, dict):
+            raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object")
+        return parsed
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return value
+
+
+def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The fsspec options for `uri`: checked (an unknown name is an error, not ignored) and
+    coerced. On S3, fsspec's listing cache is off unless asked for: it never expires, so a
+    long-lived process would go on missing files that other processes committed."""
+    protocol = fsspec.utils.get_protocol(uri)
+    if protocol not in ("s3", "s3a"):
+        if options:
+            raise InvalidOptionError(
+                f"storage options {sorted(options)} given for {uri!r}, whose storage takes none; "
+                "storage options are for S3 (s3://) tables")
+        return {}
+    try:
+        valid = _s3_option_names()
+    except ImportError as exc:
+        raise StorageError(f"cannot open storage for {uri!r}: {exc}; install s3fs") from exc
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise InvalidOptionError(
+            f"unknown S3 storage option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the options "
+            f"are those of s3fs.S3FileSystem: {', '.join(sorted(valid))}")
+    opts = {name: _coerce(name, value) for name, value in options.items()}
+    region = opts.pop("region_name", None)
+    if region is not None:  # s3fs takes it only inside client_kwargs
+        client = opts.get("client_kwargs") or {}
+        if not isinstance(client, dict):
+            raise InvalidOptionError(f"storage option client_kwargs must be a JSON object, got {client!r}")
+        opts["client_kwargs"] = {**client, "region_name": region}
+    opts.setdefault("use_listings_cache", False)
+    return opts
 
 
 class Storage:
@@ -133,7 +194,7 @@ class Storage:
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None):
         self.uri = str(uri).rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
-        opts = {k: _coerce(v) for k, v in self.storage_options.items()}
+        opts = _filesystem_options(self.uri, self.storage_options)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.uri, **opts)
         except (ImportError, ValueError, TypeError) as exc:
@@ -164,6 +225,7 @@ class Storage:
             return call()  # the common case, without building the retry machinery
         except Exception as exc:
             if not retry_on(exc):
+                self._raise_if_misconfigured(exc, what, path)
                 raise  # not transient: the caller decides (e.g. on FileNotFoundError)
             error = exc
         if self.RETRY_ATTEMPTS > 1:
@@ -181,6 +243,7 @@ class Storage:
                 return retrying(call)
             except Exception as exc:
                 if not retry_on(exc):
+                    self._raise_if_misconfigured(exc, what, path)
                     raise
                 error = exc
         raise StorageError(
@@ -188,6 +251,23 @@ class Storage:
             f"({type(error).__name__}: {error}); the storage is unreachable or overloaded{outcome()}. "
             "Retry the operation later."
         ) from error
+
+    def _raise_if_misconfigured(self, exc: BaseException, what: str, path: str) -> None:
+        """A StorageError saying what to fix, for failures that no file and no retry can change:
+        a missing bucket (which s3fs reports as a missing file, so that a table in it would
+        look merely absent) and the S3 client's own errors (no credentials, a bad bucket name)."""
+        if not self.is_s3:
+            return
+        if isinstance(exc, FileNotFoundError) and "bucket does not exist" in str(exc):
+            raise StorageError(f"{what} {path} failed: the bucket of {self.uri} does not exist; create it "
+                               "or correct the URI") from exc
+        botocore = sys.modules.get("botocore.exceptions")
+        if botocore is not None and isinstance(exc, botocore.BotoCoreError):
+            hint = ""
+            if isinstance(exc, (botocore.NoCredentialsError, botocore.PartialCredentialsError)):
+                hint = ("; give storage options key and secret, or set AWS_ACCESS_KEY_ID and "
+                        "AWS_SECRET_ACCESS_KEY, or an AWS profile")
+            raise StorageError(f"{what} {path} failed: {type(exc).__name__}: {exc}{hint}") from exc
 
     # -- metadata primitives ---------------------------------------------------------------
 
@@ -215,9 +295,11 @@ class Storage:
                 if is_transient(exc) and not _is_conditional_conflict(exc):
                     uncertain = True
                 raise
-            if created or not uncertain:
+            if created or not (uncertain or self.is_s3):
                 return created
-            # The name is taken, perhaps by our own earlier attempt whose reply was lost.
+            # The name is taken, perhaps by our own earlier attempt whose reply was lost. On S3
+            # that can happen inside one attempt: botocore and s3fs retry a PUT whose reply was
+            # lost (a dropped connection, a 500) themselves, and the retry gets 412.
             # Answering False would make a writer give up a file that it did create (a lock
             # state it then holds, an instant, a table it created); answering True for another
             # writer's file would let two writers each think they won. The content decides: it
