@@ -242,8 +242,46 @@ def test_clean_with_few_commits_deletes_nothing(local_table, capsys):
     make_table(uri, commits=2)
     before = data_files(uri)
     code, out, _ = run(capsys, "clean", uri)
-    assert code == 0 and "nothing to clean" in out
+    assert code == 0
+    assert out.splitlines() == ["rolled back failed writes: none",
+                                "no retained window yet: the table has 10 or fewer data commits",
+                                "deleted 0 files"]
     assert data_files(uri) == before
+
+
+def test_clean_without_a_retained_window_still_reports_the_orphans_it_deletes(local_table, capsys):
+    uri, _ = local_table
+    make_table(uri, commits=2)
+    before = data_files(uri)
+    # A failed task attempt's file: a completed instant's log file that its commit does not list.
+    log_file = Path(uri) / sorted(before)[0]
+    name, _, token = log_file.name.rpartition("_")
+    orphan = log_file.with_name(f"{name}_999-999-999")
+    orphan.write_bytes(log_file.read_bytes())
+
+    code, out, err = run(capsys, "clean", uri)
+    assert code == 0, err
+    assert not orphan.exists() and data_files(uri) == before
+    assert "no retained window yet: the table has 10 or fewer data commits" in out
+    assert out.splitlines()[-1] == "deleted 1 file"
+
+
+def test_clean_warns_when_the_heartbeat_timeout_is_shorter_than_the_tables(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=1)
+    live = table.begin_write(SCHEMA)  # a write whose writer is still running
+    code, out, err = run(capsys, "clean", uri, "--heartbeat-timeout-s", "0")
+    assert code == 0  # allowed: the operator may know the writers are dead
+    assert err.strip() == ("nbcc: warning: --heartbeat-timeout-s 0 is below the table's heartbeat_timeout_s "
+                           "(300 s): writes still running whose heartbeat is older than 0 s are rolled back, "
+                           "and will fail to commit")
+    assert live.instant in out
+    with pytest.raises(nbcc.CommitError):  # what the warning said
+        live.commit([])
+
+    for timeout in ("300", "1000"):  # the table's setting or longer: no warning
+        code, _, err = run(capsys, "clean", uri, "--heartbeat-timeout-s", timeout)
+        assert code == 0 and err == ""
 
 
 def test_archive_moves_instants_and_the_timeline_still_lists_them(local_table, capsys):

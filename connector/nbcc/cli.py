@@ -198,15 +198,22 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     table = _open(args)
+    timeout = args.heartbeat_timeout_s
+    if timeout is not None and timeout < table.config.heartbeat_timeout_s:
+        # Allowed: an operator may know the writers are dead; but a live write is rolled back too.
+        _note(f"warning: --heartbeat-timeout-s {timeout:g} is below the table's heartbeat_timeout_s "
+              f"({table.config.heartbeat_timeout_s} s): writes still running whose heartbeat is older than "
+              f"{timeout:g} s are rolled back, and will fail to commit")
     with _progress(args, "deleting", "file") as progress:
-        result = table.clean(args.retain_commits, args.heartbeat_timeout_s, progress)
+        result = table.clean(args.retain_commits, timeout, progress)
     rolled_back = result.get("rolled_back") or []
     print(f"rolled back failed writes: {', '.join(rolled_back) if rolled_back else 'none'}")
     if result.get("earliest_retained") is None:
-        print(f"nothing to clean: the table has {args.retain_commits} or fewer data commits")
-        return 0
-    print(f"retained window starts at {result['earliest_retained']} "
-          f"(the last {args.retain_commits} data commits)")
+        # Orphans (files no commit lists) are deleted all the same.
+        print(f"no retained window yet: the table has {args.retain_commits} or fewer data commits")
+    else:
+        print(f"retained window starts at {result['earliest_retained']} "
+              f"(the last {args.retain_commits} data commits)")
     deleted = len(result.get("deleted") or [])
     print(f"deleted {deleted} file{'' if deleted == 1 else 's'}")
     return 0
@@ -356,7 +363,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retain-commits", type=_positive_int, default=DEFAULT_RETAIN_COMMITS, metavar="N",
                    help=f"data commits whose reads stay possible (default {DEFAULT_RETAIN_COMMITS})")
     p.add_argument("--heartbeat-timeout-s", type=_seconds, default=None, metavar="S",
-                   help="roll back writes without a heartbeat for S seconds (default: the table's setting)")
+                   help="roll back writes without a heartbeat for S seconds (default: the table's "
+                        "heartbeat_timeout_s; a shorter one also rolls back writes still running)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_clean)
 
