@@ -205,6 +205,26 @@ def test_compact_schedule_only_then_run_by_instant(local_table, capsys):
     assert code == 1 and "not a scheduled compaction" in err
 
 
+def test_compact_instant_must_name_a_scheduled_compaction(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=2)
+    failed = table.begin_write(SCHEMA)
+    table.rollback(failed.instant)
+    tc = table.compact()
+    before = table.timeline()
+    for bad, message in [("yesterday", "--instant='yesterday' is not a time"),
+                         ("20000101000000000", f"no instant 20000101000000000 on the timeline of {uri}"),
+                         (written[0], f"instant {written[0]} is a completed deltacommit, not a scheduled compaction"),
+                         (failed.instant, f"instant {failed.instant} is a rolledback deltacommit, not a scheduled "
+                                          "compaction")]:
+        code, out, err = run(capsys, "compact", uri, "--instant", bad)
+        assert code == 1 and out == "", bad
+        assert err.startswith(f"nbcc: error: {message}"), err
+    assert table.timeline() == before  # nothing was scheduled or run
+    code, out, _ = run(capsys, "compact", uri, "--instant", tc)
+    assert code == 0 and out.strip() == f"compaction {tc} is already completed (at {completion_of(table, tc)})"
+
+
 # -- cleaning and archival -----------------------------------------------------------------------
 
 def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table, capsys):

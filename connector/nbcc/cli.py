@@ -44,19 +44,13 @@ from typing import Any, Sequence
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time_option
+from .compaction import compaction_to_run
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import KINDS, check_kinds
 from .rollback import failed_writes
 from .table import Table
-from .timeline import (
-    COMPACTION,
-    COMPACTION_COMMIT,
-    DATA_ACTIONS,
-    HISTORY_DIR,
-    ROLLEDBACK,
-    Timeline,
-)
+from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline
 
 PROG = "nbcc"
 
@@ -161,17 +155,11 @@ def cmd_compact(args: argparse.Namespace) -> int:
         print(tc if tc is not None else "nothing to compact")
         return 0
     if args.instant is not None:
-        tc = parse_time_option(args.instant, "--instant")
-        inst = Timeline.load(table.storage).get(tc)
-        if inst is None:
-            raise InvalidOptionError(f"no instant {tc} on the timeline of {table.uri}")
-        if inst.action == COMPACTION_COMMIT and inst.is_completed:
+        inst = compaction_to_run(table.storage, args.instant, "--instant")
+        tc = inst.instant
+        if inst.is_completed:
             print(f"compaction {tc} is already completed (at {inst.completion})")
             return 0
-        if inst.action != COMPACTION or inst.state == ROLLEDBACK:
-            raise InvalidOptionError(
-                f"instant {tc} is a {inst.state} {inst.action}, not a scheduled compaction; "
-                "`nbcc timeline` lists the instants")
         done = _run_compaction(table, args, tc)
         print(f"compaction {tc} completed at {done}" if done is not None
               else f"compaction {tc} was completed meanwhile by another run")
