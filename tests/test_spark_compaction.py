@@ -77,8 +77,13 @@ def test_compaction_job_with_spark_submit(tmp_path):
     table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id", buckets=2)
     table.write(pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}))
     table.write(pa.table({"id": [2], "v": ["B"]}))
+    # The shared properties file with its table options uncommented, as README tells users to:
+    # the compaction job ignores them.
+    properties = tmp_path / "nbcc.conf"
+    properties.write_text((ROOT / "spark_conf/nbcc-defaults.conf").read_text()
+                          + "spark.nbcc.record_key id\nspark.nbcc.buckets 2\nspark.nbcc.compaction_inline true\n")
     spark_submit = Path(sys.executable).with_name("spark-submit")
-    cmd = [str(spark_submit), "--master", "local[1]", "--properties-file", str(ROOT / "spark_conf/nbcc-defaults.conf"),
+    cmd = [str(spark_submit), "--master", "local[1]", "--properties-file", str(properties),
            "--conf", f"spark.nbcc.path={uri}", str(ROOT / "examples/compact.py")]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
                           timeout=300)
