@@ -205,6 +205,21 @@ def test_compact_schedule_only_then_run_by_instant(local_table, capsys):
     assert code == 1 and "not a scheduled compaction" in err
 
 
+def test_compact_schedule_only_says_when_a_compaction_is_pending(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    tc = run(capsys, "compact", uri, "--schedule-only")[1].strip()
+    code, out, _ = run(capsys, "compact", uri, "--schedule-only")  # every file group is planned already
+    assert code == 0
+    assert out.strip() == (f"nothing new to compact: compaction {tc} is pending; run it with "
+                           f"`nbcc compact {uri} --instant {tc}`")
+    assert table.pending_compactions() == [tc]
+    assert run(capsys, "compact", uri, "--instant", tc)[0] == 0  # the command it suggested
+    assert table.pending_compactions() == []
+    code, out, _ = run(capsys, "compact", uri, "--schedule-only")
+    assert code == 0 and out.strip() == "nothing to compact"
+
+
 def test_compact_instant_must_name_a_scheduled_compaction(local_table, capsys):
     uri, _ = local_table
     table, written = make_table(uri, commits=2)
@@ -375,6 +390,8 @@ def test_usage_errors_exit_2(local_table, capsys):
     assert run(capsys, "compact", uri, "--schedule-only", "--instant", "20240101000000000")[0] == 2
     code, out, _ = run(capsys, "--version")
     assert code == 0 and out.strip() == f"nbcc {nbcc.__version__}"
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "--as-of also takes an ISO-8601 timestamp" in " ".join(out.split())
 
 
 def test_timeline_on_s3_with_storage_options(s3_table, capsys):
@@ -432,6 +449,12 @@ def test_index_errors_are_clear(local_table, tmp_path, capsys):
     assert run(capsys, "index", uri, "--partitions", "files", "--timeout", "-1")[0] == 2
     code, _, err = run(capsys, "index", tmp_path / "nothing-here", "--partitions", "files")
     assert code == 1 and "not an nbcc table" in err
+
+    for argv in (["--timeout", "5"], ["-q"], ["--drop", "files", "--quiet"], ["--timeout", "5", "-q"]):
+        code, out, err = run(capsys, "index", uri, *argv)  # building options without building
+        assert code == 2 and out == "", argv
+        assert "only apply with --partitions" in err.splitlines()[-1], argv
+    assert table.index_state()["partitions"] == {}
 
     txn = table.begin_write(SCHEMA)  # a write in flight: catch-up waits for it, then gives up
     code, out, err = run(capsys, "index", uri, "--partitions", "files", "--timeout", "0.2", "--quiet")
