@@ -8,6 +8,7 @@ the Python API the command is a front end to.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -18,8 +19,9 @@ import pyarrow as pa
 import pytest
 
 import nbcc
-from nbcc.cli import main
+from nbcc.cli import build_parser, main
 
+ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.int64())])
 NBCC = Path(sys.executable).parent / "nbcc"
 
@@ -392,6 +394,23 @@ def test_usage_errors_exit_2(local_table, capsys):
     assert code == 0 and out.strip() == f"nbcc {nbcc.__version__}"
     code, out, _ = run(capsys, "--help")
     assert code == 0 and "--as-of also takes an ISO-8601 timestamp" in " ".join(out.split())
+
+
+def test_readme_documents_every_command_and_option():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### The `nbcc` command"):readme.index("## Metadata table")]
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for command, p in sub.choices.items():
+        assert f"`{command} URI" in section, command
+        for action in p._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"{flag}" in section, (command, flag)
+    for status in ("0", "1", "2"):
+        assert f"{status} when" in section or f"{status} on" in section, status
+    # the columns in the order `nbcc timeline` prints them
+    assert "INSTANT, ACTION, STATE, COMPLETION" in section
 
 
 def test_timeline_on_s3_with_storage_options(s3_table, capsys):
