@@ -54,3 +54,21 @@ def test_compact_job_ignores_the_shared_write_options_and_refuses_typos():
                          ({"path": "/t", "schedule_only": "true", "instant": "20260101000000000"}, "not both")]:
         with pytest.raises(SystemExit, match=re.escape(message)):
             job.job_settings(bad)
+
+
+def test_every_write_option_is_documented_for_spark_submit_jobs():
+    """The shared properties file lists every write option, commented out with its default,
+    and examples/ingest.py's docstring names every one (it passes them on)."""
+    from nbcc.config import DEFAULT_BUCKETS, DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LOCK_LEASE_MS, \
+        DEFAULT_MAX_LOG_FILE_BYTES, WRITE_OPTIONS
+
+    conf = (ROOT / "spark_conf/nbcc-defaults.conf").read_text()
+    listed = dict(re.findall(r"^# spark\.nbcc\.(\w+)\s+(\S+)$", conf, re.M))
+    assert set(WRITE_OPTIONS) <= set(listed), set(WRITE_OPTIONS) - set(listed)
+    assert {k: int(listed[k]) for k in ("buckets", "lock_lease_ms", "heartbeat_timeout_s", "max_log_file_bytes")} == {
+        "buckets": DEFAULT_BUCKETS, "lock_lease_ms": DEFAULT_LOCK_LEASE_MS,
+        "heartbeat_timeout_s": DEFAULT_HEARTBEAT_TIMEOUT_S, "max_log_file_bytes": DEFAULT_MAX_LOG_FILE_BYTES}
+    assert listed["compaction_inline"] == "false"
+
+    docstring = (ROOT / "examples/ingest.py").read_text().split('"""')[1]
+    assert [name for name in WRITE_OPTIONS if not re.search(rf"\b{name}\b", docstring)] == []
