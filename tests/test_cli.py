@@ -413,6 +413,14 @@ def test_readme_documents_every_command_and_option():
     assert "INSTANT, ACTION, STATE, COMPLETION" in section
 
 
+def test_the_version_is_written_once():
+    """pyproject.toml takes the package's version from nbcc.__version__ (what --version prints)."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "nbcc.__version__"}
+
+
 def test_timeline_on_s3_with_storage_options(s3_table, capsys):
     uri, options = s3_table
     table, written = make_table(uri, options, commits=2)
