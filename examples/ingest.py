@@ -12,9 +12,16 @@ Job settings (read here, not passed to the table):
     spark.nbcc.input_format  parquet | csv | json (default: from the input's extension)
     spark.nbcc.mode          append (default) | overwrite
     spark.nbcc.repartition_by_bucket  true to write one log file per bucket (large inputs)
-Every other `spark.nbcc.<option>` conf becomes a write option (record_key, ordering_field,
-partition_by, buckets, merge_mode, operation, max_log_file_bytes, storage.*); an unknown one
-fails the job with the list of valid options.
+Every other `spark.nbcc.<option>` conf becomes a write option; an unknown one fails the job with
+the list of valid options (spark_conf/nbcc-defaults.conf documents each, with its default):
+    record_key, ordering_field, partition_by, buckets, merge_mode   the table's layout and merging
+    lock_lease_ms, heartbeat_timeout_s    the table lock's lease (ms) and when a write counts as
+                                          failed (s); like the above, fixed when the table is created
+    operation                             upsert (default) | delete
+    max_log_file_bytes                    roll a log file over past this size
+    compaction_delta_commits, compaction_inline   schedule a compaction after every N delta
+                                          commits (and run it in this job too if inline is true)
+    storage.*                             fsspec options, e.g. storage.endpoint_url for S3
 """
 
 from __future__ import annotations

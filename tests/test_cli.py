@@ -8,6 +8,7 @@ the Python API the command is a front end to.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -18,8 +19,9 @@ import pyarrow as pa
 import pytest
 
 import nbcc
-from nbcc.cli import main
+from nbcc.cli import build_parser, main
 
+ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.int64())])
 NBCC = Path(sys.executable).parent / "nbcc"
 
@@ -205,6 +207,41 @@ def test_compact_schedule_only_then_run_by_instant(local_table, capsys):
     assert code == 1 and "not a scheduled compaction" in err
 
 
+def test_compact_schedule_only_says_when_a_compaction_is_pending(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    tc = run(capsys, "compact", uri, "--schedule-only")[1].strip()
+    code, out, _ = run(capsys, "compact", uri, "--schedule-only")  # every file group is planned already
+    assert code == 0
+    assert out.strip() == (f"nothing new to compact: compaction {tc} is pending; run it with "
+                           f"`nbcc compact {uri} --instant {tc}`")
+    assert table.pending_compactions() == [tc]
+    assert run(capsys, "compact", uri, "--instant", tc)[0] == 0  # the command it suggested
+    assert table.pending_compactions() == []
+    code, out, _ = run(capsys, "compact", uri, "--schedule-only")
+    assert code == 0 and out.strip() == "nothing to compact"
+
+
+def test_compact_instant_must_name_a_scheduled_compaction(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=2)
+    failed = table.begin_write(SCHEMA)
+    table.rollback(failed.instant)
+    tc = table.compact()
+    before = table.timeline()
+    for bad, message in [("yesterday", "--instant='yesterday' is not a time"),
+                         ("20000101000000000", f"no instant 20000101000000000 on the timeline of {uri}"),
+                         (written[0], f"instant {written[0]} is a completed deltacommit, not a scheduled compaction"),
+                         (failed.instant, f"instant {failed.instant} is a rolledback deltacommit, not a scheduled "
+                                          "compaction")]:
+        code, out, err = run(capsys, "compact", uri, "--instant", bad)
+        assert code == 1 and out == "", bad
+        assert err.startswith(f"nbcc: error: {message}"), err
+    assert table.timeline() == before  # nothing was scheduled or run
+    code, out, _ = run(capsys, "compact", uri, "--instant", tc)
+    assert code == 0 and out.strip() == f"compaction {tc} is already completed (at {completion_of(table, tc)})"
+
+
 # -- cleaning and archival -----------------------------------------------------------------------
 
 def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table, capsys):
@@ -242,8 +279,46 @@ def test_clean_with_few_commits_deletes_nothing(local_table, capsys):
     make_table(uri, commits=2)
     before = data_files(uri)
     code, out, _ = run(capsys, "clean", uri)
-    assert code == 0 and "nothing to clean" in out
+    assert code == 0
+    assert out.splitlines() == ["rolled back failed writes: none",
+                                "no retained window yet: the table has 10 or fewer data commits",
+                                "deleted 0 files"]
     assert data_files(uri) == before
+
+
+def test_clean_without_a_retained_window_still_reports_the_orphans_it_deletes(local_table, capsys):
+    uri, _ = local_table
+    make_table(uri, commits=2)
+    before = data_files(uri)
+    # A failed task attempt's file: a completed instant's log file that its commit does not list.
+    log_file = Path(uri) / sorted(before)[0]
+    name, _, token = log_file.name.rpartition("_")
+    orphan = log_file.with_name(f"{name}_999-999-999")
+    orphan.write_bytes(log_file.read_bytes())
+
+    code, out, err = run(capsys, "clean", uri)
+    assert code == 0, err
+    assert not orphan.exists() and data_files(uri) == before
+    assert "no retained window yet: the table has 10 or fewer data commits" in out
+    assert out.splitlines()[-1] == "deleted 1 file"
+
+
+def test_clean_warns_when_the_heartbeat_timeout_is_shorter_than_the_tables(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=1)
+    live = table.begin_write(SCHEMA)  # a write whose writer is still running
+    code, out, err = run(capsys, "clean", uri, "--heartbeat-timeout-s", "0")
+    assert code == 0  # allowed: the operator may know the writers are dead
+    assert err.strip() == ("nbcc: warning: --heartbeat-timeout-s 0 is below the table's heartbeat_timeout_s "
+                           "(300 s): writes still running whose heartbeat is older than 0 s are rolled back, "
+                           "and will fail to commit")
+    assert live.instant in out
+    with pytest.raises(nbcc.CommitError):  # what the warning said
+        live.commit([])
+
+    for timeout in ("300", "1000"):  # the table's setting or longer: no warning
+        code, _, err = run(capsys, "clean", uri, "--heartbeat-timeout-s", timeout)
+        assert code == 0 and err == ""
 
 
 def test_archive_moves_instants_and_the_timeline_still_lists_them(local_table, capsys):
@@ -317,6 +392,33 @@ def test_usage_errors_exit_2(local_table, capsys):
     assert run(capsys, "compact", uri, "--schedule-only", "--instant", "20240101000000000")[0] == 2
     code, out, _ = run(capsys, "--version")
     assert code == 0 and out.strip() == f"nbcc {nbcc.__version__}"
+    code, out, _ = run(capsys, "--help")
+    assert code == 0 and "--as-of also takes an ISO-8601 timestamp" in " ".join(out.split())
+
+
+def test_readme_documents_every_command_and_option():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("### The `nbcc` command"):readme.index("## Metadata table")]
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for command, p in sub.choices.items():
+        assert f"`{command} URI" in section, command
+        for action in p._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help"):
+                    assert f"{flag}" in section, (command, flag)
+    for status in ("0", "1", "2"):
+        assert f"{status} when" in section or f"{status} on" in section, status
+    # the columns in the order `nbcc timeline` prints them
+    assert "INSTANT, ACTION, STATE, COMPLETION" in section
+
+
+def test_the_version_is_written_once():
+    """pyproject.toml takes the package's version from nbcc.__version__ (what --version prints)."""
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "nbcc.__version__"}
 
 
 def test_timeline_on_s3_with_storage_options(s3_table, capsys):
@@ -374,6 +476,12 @@ def test_index_errors_are_clear(local_table, tmp_path, capsys):
     assert run(capsys, "index", uri, "--partitions", "files", "--timeout", "-1")[0] == 2
     code, _, err = run(capsys, "index", tmp_path / "nothing-here", "--partitions", "files")
     assert code == 1 and "not an nbcc table" in err
+
+    for argv in (["--timeout", "5"], ["-q"], ["--drop", "files", "--quiet"], ["--timeout", "5", "-q"]):
+        code, out, err = run(capsys, "index", uri, *argv)  # building options without building
+        assert code == 2 and out == "", argv
+        assert "only apply with --partitions" in err.splitlines()[-1], argv
+    assert table.index_state()["partitions"] == {}
 
     txn = table.begin_write(SCHEMA)  # a write in flight: catch-up waits for it, then gives up
     code, out, err = run(capsys, "index", uri, "--partitions", "files", "--timeout", "0.2", "--quiet")

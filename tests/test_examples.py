@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,3 +22,53 @@ def test_time_travel_example_runs(tmp_path):
     out = done.stdout
     assert "point lookup id = 3 reads 1 of 4 file groups" in out
     assert "_change_type" in out and "delete" in out and "insert" in out
+
+
+def _compact_job():
+    spec = importlib.util.spec_from_file_location("compact_job", ROOT / "examples/compact.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_compact_job_ignores_the_shared_write_options_and_refuses_typos():
+    """examples/compact.py runs with spark_conf/nbcc-defaults.conf, whose table options (and
+    examples/ingest.py's settings) users uncomment: those are skipped, a misspelt name is not.
+    (The job as a whole runs with spark-submit in tests/test_spark_compaction.py.)"""
+    job = _compact_job()
+    shared = {"record_key": "id", "ordering_field": "ts", "partition_by": "day", "buckets": "16",
+              "merge_mode": "event_time", "operation": "upsert", "max_log_file_bytes": "536870912",
+              "lock_lease_ms": "30000", "heartbeat_timeout_s": "300", "compaction_delta_commits": "10",
+              "compaction_inline": "false", "input": "/data/in", "input_format": "parquet", "mode": "append",
+              "repartition_by_bucket": "true"}
+    assert job.job_settings({"path": "/t", "storage.key": "K", **shared}) == ("/t", None, False, {"storage.key": "K"})
+    assert job.job_settings({"path": "/t", "instant": "20260101000000000"})[1] == "20260101000000000"
+    assert job.job_settings({"path": "/t", "schedule_only": "TRUE"})[2] is True
+
+    with pytest.raises(SystemExit) as exc:
+        job.job_settings({"path": "/t", "record_kye": "id", "schedule_onyl": "true", **shared})
+    assert str(exc.value).startswith("unknown setting(s) spark.nbcc.record_kye, spark.nbcc.schedule_onyl: "
+                                     "no nbcc option has this name")
+    for bad, message in [({}, "missing --conf spark.nbcc.path"),
+                         ({"path": "/t", "schedule_only": "yes"}, "spark.nbcc.schedule_only='yes': use true or false"),
+                         ({"path": "/t", "schedule_only": "true", "instant": "20260101000000000"}, "not both")]:
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            job.job_settings(bad)
+
+
+def test_every_write_option_is_documented_for_spark_submit_jobs():
+    """The shared properties file lists every write option, commented out with its default,
+    and examples/ingest.py's docstring names every one (it passes them on)."""
+    from nbcc.config import DEFAULT_BUCKETS, DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LOCK_LEASE_MS, \
+        DEFAULT_MAX_LOG_FILE_BYTES, WRITE_OPTIONS
+
+    conf = (ROOT / "spark_conf/nbcc-defaults.conf").read_text()
+    listed = dict(re.findall(r"^# spark\.nbcc\.(\w+)\s+(\S+)$", conf, re.M))
+    assert set(WRITE_OPTIONS) <= set(listed), set(WRITE_OPTIONS) - set(listed)
+    assert {k: int(listed[k]) for k in ("buckets", "lock_lease_ms", "heartbeat_timeout_s", "max_log_file_bytes")} == {
+        "buckets": DEFAULT_BUCKETS, "lock_lease_ms": DEFAULT_LOCK_LEASE_MS,
+        "heartbeat_timeout_s": DEFAULT_HEARTBEAT_TIMEOUT_S, "max_log_file_bytes": DEFAULT_MAX_LOG_FILE_BYTES}
+    assert listed["compaction_inline"] == "false"
+
+    docstring = (ROOT / "examples/ingest.py").read_text().split('"""')[1]
+    assert [name for name in WRITE_OPTIONS if not re.search(rf"\b{name}\b", docstring)] == []

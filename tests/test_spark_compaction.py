@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
 import nbcc
 import pyspark_nbcc
@@ -75,8 +77,13 @@ def test_compaction_job_with_spark_submit(tmp_path):
     table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id", buckets=2)
     table.write(pa.table({"id": [1, 2, 3], "v": ["a", "b", "c"]}))
     table.write(pa.table({"id": [2], "v": ["B"]}))
+    # The shared properties file with its table options uncommented, as README tells users to:
+    # the compaction job ignores them.
+    properties = tmp_path / "nbcc.conf"
+    properties.write_text((ROOT / "spark_conf/nbcc-defaults.conf").read_text()
+                          + "spark.nbcc.record_key id\nspark.nbcc.buckets 2\nspark.nbcc.compaction_inline true\n")
     spark_submit = Path(sys.executable).with_name("spark-submit")
-    cmd = [str(spark_submit), "--master", "local[1]", "--properties-file", str(ROOT / "spark_conf/nbcc-defaults.conf"),
+    cmd = [str(spark_submit), "--master", "local[1]", "--properties-file", str(properties),
            "--conf", f"spark.nbcc.path={uri}", str(ROOT / "examples/compact.py")]
     done = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYSPARK_PYTHON=sys.executable),
                           timeout=300)
@@ -84,3 +91,25 @@ def test_compaction_job_with_spark_submit(tmp_path):
     assert "completed" in done.stdout
     assert [s.base_file is not None for s in table.file_slices()] == [True, True]
     assert table.read().sort_by("id").to_pydict() == {"id": [1, 2, 3], "v": ["a", "B", "c"]}
+
+
+def test_compact_checks_the_instant_before_using_spark(tmp_path):
+    """A wrong `instant` is a clear error, found on the driver before Spark is used (spark=None)."""
+    uri = str(tmp_path / "t")
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id", buckets=2)
+    written = table.write(pa.table({"id": [1, 2], "v": ["a", "b"]}))
+    failed = table.begin_write(table.schema())
+    table.rollback(failed.instant)
+    tc = table.compact()
+    before = table.timeline()
+    for bad, message in [("yesterday", "instant='yesterday' is not a time"),
+                         ("20000101000000000", f"no instant 20000101000000000 on the timeline of {uri}"),
+                         (written, f"instant {written} is a completed deltacommit, not a scheduled compaction"),
+                         (failed.instant, f"instant {failed.instant} is a rolledback deltacommit, not a scheduled "
+                                          "compaction")]:
+        with pytest.raises(nbcc.InvalidOptionError, match=re.escape(message)):
+            pyspark_nbcc.compact(None, uri, instant=bad)
+    with pytest.raises(nbcc.InvalidOptionError, match="not both"):
+        pyspark_nbcc.compact(None, uri, instant=tc, schedule_only=True)
+    assert pyspark_nbcc.compact(None, uri, instant=tc) == tc  # completed already: nothing to run
+    assert table.timeline() == before

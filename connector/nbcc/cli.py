@@ -44,19 +44,13 @@ from typing import Any, Sequence
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time_option
+from .compaction import compaction_to_run
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import KINDS, check_kinds
 from .rollback import failed_writes
 from .table import Table
-from .timeline import (
-    COMPACTION,
-    COMPACTION_COMMIT,
-    DATA_ACTIONS,
-    HISTORY_DIR,
-    ROLLEDBACK,
-    Timeline,
-)
+from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline
 
 PROG = "nbcc"
 
@@ -158,20 +152,27 @@ def cmd_compact(args: argparse.Namespace) -> int:
     table = _open(args)
     if args.schedule_only:
         tc = table.schedule_compaction()
-        print(tc if tc is not None else "nothing to compact")
+        if tc is not None:
+            print(tc)
+            return 0
+        pending = table.pending_compactions()
+        if not pending:
+            print("nothing to compact")
+            return 0
+        # Nothing new to plan because the file groups with log files are planned already.
+        if len(pending) == 1:
+            print(f"nothing new to compact: compaction {pending[0]} is pending; run it with "
+                  f"`nbcc compact {table.uri} --instant {pending[0]}`")
+        else:
+            print(f"nothing new to compact: compactions {', '.join(pending)} are pending; run them with "
+                  f"`nbcc compact {table.uri}`")
         return 0
     if args.instant is not None:
-        tc = parse_time_option(args.instant, "--instant")
-        inst = Timeline.load(table.storage).get(tc)
-        if inst is None:
-            raise InvalidOptionError(f"no instant {tc} on the timeline of {table.uri}")
-        if inst.action == COMPACTION_COMMIT and inst.is_completed:
+        inst = compaction_to_run(table.storage, args.instant, "--instant")
+        tc = inst.instant
+        if inst.is_completed:
             print(f"compaction {tc} is already completed (at {inst.completion})")
             return 0
-        if inst.action != COMPACTION or inst.state == ROLLEDBACK:
-            raise InvalidOptionError(
-                f"instant {tc} is a {inst.state} {inst.action}, not a scheduled compaction; "
-                "`nbcc timeline` lists the instants")
         done = _run_compaction(table, args, tc)
         print(f"compaction {tc} completed at {done}" if done is not None
               else f"compaction {tc} was completed meanwhile by another run")
@@ -198,15 +199,22 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
 def cmd_clean(args: argparse.Namespace) -> int:
     table = _open(args)
+    timeout = args.heartbeat_timeout_s
+    if timeout is not None and timeout < table.config.heartbeat_timeout_s:
+        # Allowed: an operator may know the writers are dead; but a live write is rolled back too.
+        _note(f"warning: --heartbeat-timeout-s {timeout:g} is below the table's heartbeat_timeout_s "
+              f"({table.config.heartbeat_timeout_s} s): writes still running whose heartbeat is older than "
+              f"{timeout:g} s are rolled back, and will fail to commit")
     with _progress(args, "deleting", "file") as progress:
-        result = table.clean(args.retain_commits, args.heartbeat_timeout_s, progress)
+        result = table.clean(args.retain_commits, timeout, progress)
     rolled_back = result.get("rolled_back") or []
     print(f"rolled back failed writes: {', '.join(rolled_back) if rolled_back else 'none'}")
     if result.get("earliest_retained") is None:
-        print(f"nothing to clean: the table has {args.retain_commits} or fewer data commits")
-        return 0
-    print(f"retained window starts at {result['earliest_retained']} "
-          f"(the last {args.retain_commits} data commits)")
+        # Orphans (files no commit lists) are deleted all the same.
+        print(f"no retained window yet: the table has {args.retain_commits} or fewer data commits")
+    else:
+        print(f"retained window starts at {result['earliest_retained']} "
+              f"(the last {args.retain_commits} data commits)")
     deleted = len(result.get("deleted") or [])
     print(f"deleted {deleted} file{'' if deleted == 1 else 's'}")
     return 0
@@ -261,8 +269,9 @@ def cmd_index(args: argparse.Namespace) -> int:
             print(f"cancelled pending indexing: {', '.join(result['cancelled'])}")
     elif args.partitions is not None:
         kinds = check_kinds(args.partitions)
+        timeout = DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout
         with _progress(args, "indexing", "chunk") as progress:
-            result = table.build_index(kinds, args.timeout, progress)
+            result = table.build_index(kinds, timeout, progress)
         built = ", ".join(result["instants"]) or "none needed"
         print(f"indexing instants run: {built}")
     state = table.index_state()
@@ -307,12 +316,22 @@ _STORAGE_HELP = ("an fsspec storage option for the table's filesystem, e.g. endp
                  "key=..., secret=... for S3 (repeatable)")
 
 
+def _check_index_usage(args: argparse.Namespace) -> str | None:
+    """What is wrong with `nbcc index`'s options that argparse cannot tell, if anything."""
+    if args.partitions is None:
+        given = [name for name, value in (("--timeout", args.timeout), ("-q/--quiet", args.quiet or None))
+                 if value is not None]
+        if given:
+            return f"{' and '.join(given)} only apply with --partitions (building partitions)"
+    return None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Inspect an nbcc table and run its table services (compaction, cleaning, "
                                "archival, rollback of failed writes).",
-        epilog="Times are 17-digit instant times (yyyyMMddHHmmssSSS, UTC). Run `nbcc COMMAND -h` for a "
-               "command's options.")
+        epilog="Times are 17-digit instant times (yyyyMMddHHmmssSSS, UTC); --as-of also takes an ISO-8601 "
+               "timestamp (UTC if it has no zone). Run `nbcc COMMAND -h` for a command's options.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     parser.add_argument("--storage-option", dest="storage_options_global", action="append", default=[],
                         type=_storage_option, metavar="KEY=VALUE", help=_STORAGE_HELP)
@@ -356,7 +375,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retain-commits", type=_positive_int, default=DEFAULT_RETAIN_COMMITS, metavar="N",
                    help=f"data commits whose reads stay possible (default {DEFAULT_RETAIN_COMMITS})")
     p.add_argument("--heartbeat-timeout-s", type=_seconds, default=None, metavar="S",
-                   help="roll back writes without a heartbeat for S seconds (default: the table's setting)")
+                   help="roll back writes without a heartbeat for S seconds (default: the table's "
+                        "heartbeat_timeout_s; a shorter one also rolls back writes still running)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_clean)
 
@@ -385,11 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--partitions", metavar="P[,P...]",
                        help=f"build these partitions ({', '.join(KINDS)}), comma-separated")
     which.add_argument("--drop", metavar="P[,P...]", help="stop using these partitions and delete them")
-    p.add_argument("--timeout", type=_seconds, default=DEFAULT_TIMEOUT_S, metavar="S",
-                   help=f"seconds to wait for writes in flight before giving up (default {DEFAULT_TIMEOUT_S:g}; "
-                        "a re-run resumes)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_index)
+    p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
+                   help=f"with --partitions: seconds to wait for writes in flight before giving up (default "
+                        f"{DEFAULT_TIMEOUT_S:g}; a re-run resumes)")
+    p.add_argument("-q", "--quiet", action="store_true", help="with --partitions: no progress bar")
+    p.set_defaults(func=cmd_index, check_usage=_check_index_usage, parser=p)
     return parser
 
 
@@ -398,6 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        problem = args.check_usage(args) if hasattr(args, "check_usage") else None
+        if problem:
+            args.parser.error(problem)  # usage and message on stderr, exits 2
     except SystemExit as exc:  # usage errors, -h, --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     args.storage_options = dict(args.storage_options_global + args.storage_options_sub)

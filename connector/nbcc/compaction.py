@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import pyarrow.compute as pc
 
-from .clock import TimeGenerator
+from .clock import TimeGenerator, parse_time_option
 from .config import TableConfig
 from .errors import CommitError, InvalidOptionError
 from .filenames import base_file_name, data_file_path, make_token
@@ -37,7 +37,9 @@ from .timeline import (
     DATA_ACTIONS,
     COMPACTION_COMMIT,
     REQUESTED,
+    ROLLEDBACK,
     TIMELINE_DIR,
+    Instant,
     Timeline,
     create_completed,
     read_compaction_plan,
@@ -152,6 +154,23 @@ def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: 
 def execution_token() -> str:
     """Numbers no other execution of the same plan picks (a pid and a random number)."""
     return make_token(os.getpid() % 2**31, random.randrange(2**31), 0)
+
+
+def compaction_to_run(storage: Storage, instant: Any, name: str = "instant") -> Instant:
+    """The compaction a user named by `instant` (option `name`), to run or finish it: a
+    scheduled compaction, or a completed one (`is_completed`: nothing left to run).
+    InvalidOptionError for anything else, saying what the instant is."""
+    tc = parse_time_option(instant, name)
+    inst = Timeline.load(storage).get(tc)
+    if inst is None:
+        raise InvalidOptionError(f"no instant {tc} on the timeline of {storage.uri}; `nbcc timeline "
+                                 f"{storage.uri}` lists the instants")
+    if inst.action == COMPACTION_COMMIT and inst.is_completed:
+        return inst
+    if inst.action != COMPACTION or inst.state == ROLLEDBACK:
+        raise InvalidOptionError(f"instant {tc} is a {inst.state} {inst.action}, not a scheduled compaction; "
+                                 f"`nbcc timeline {storage.uri}` lists the instants")
+    return inst
 
 
 def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, tc: str,

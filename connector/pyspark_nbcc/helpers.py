@@ -11,13 +11,13 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
-from nbcc.compaction import compact_file_group, complete_compaction
+from nbcc.compaction import compact_file_group, compaction_to_run, complete_compaction
 from nbcc.config import parse_options
 from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
 from nbcc.indexing import DEFAULT_TIMEOUT_S, build_index as _build_index, index_instants
 from nbcc.metadata_table import KINDS
-from nbcc.timeline import Timeline, read_compaction_plan
+from nbcc.timeline import read_compaction_plan
 
 CONF_PREFIX = "spark.nbcc."
 _BUCKET_COL = "_nbcc_bucket"
@@ -83,14 +83,22 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
     Schedules a compaction on the driver (under the table lock), or re-runs the scheduled one
     `instant` (e.g. after a crash); each task merges one file group into a base file with a token
     of its own (a run id, the task index and its attempt number), and the driver completes the
-    instant. `options` are `storage.*` options (as for reads and writes)."""
+    instant (returned at once if it is completed already). `options` are `storage.*` options (as
+    for reads and writes)."""
+    if instant is not None and schedule_only:
+        raise InvalidOptionError("give instant (run a scheduled compaction) or schedule_only=True (schedule "
+                                 "a new one), not both")
     _, storage_options = parse_options(options, {}, "compaction")
     table = Table.open(uri, storage_options)
-    tc = instant or table.schedule_compaction()
-    if tc is None or schedule_only:
-        return tc
-    if Timeline.load(table.storage).get(tc).is_completed:
-        return tc
+    if instant is not None:
+        inst = compaction_to_run(table.storage, instant)
+        if inst.is_completed:
+            return inst.instant
+        tc = inst.instant
+    else:
+        tc = table.schedule_compaction()
+        if tc is None or schedule_only:
+            return tc
     operations = read_compaction_plan(table.storage, tc)["operations"]
     storage, config, run_id = table.storage, table.config, random.randrange(2**31)
 
