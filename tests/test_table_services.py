@@ -964,3 +964,122 @@ def test_a_base_file_that_keeps_two_records_of_a_key_is_merged_when_read(tmp_pat
     txn.commit(lw.close())
     assert sorted(table.read().to_pylist(), key=lambda r: r["id"]) == [
         {"id": 1, "ts": 5, "v": "c"}, {"id": 2, "ts": 1, "v": "b"}]
+
+
+@pytest.mark.parametrize("merge_mode", ["event_time", "commit_time", "partial_update"])
+def test_compaction_drops_deletes_no_commit_still_to_come_can_be_older_than(tmp_path, merge_mode):
+    """A natural delete decides nothing once every commit that can still complete is newer: it
+    is not carried from base file to base file, and a base file of live rows only is `live`."""
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1,
+                              merge_mode=merge_mode)
+    table.write(pa.table({"id": list(range(100)), "ts": [1] * 100}, schema=schema))
+    table.write(pa.table({"id": list(range(3, 100))}), operation="delete")  # keys only: natural deletes
+    for _ in range(2):
+        tc = table.compact()
+        (done,) = [i for i in table.timeline() if i.instant == tc]
+        (base,) = nbcc.timeline.read_commit_metadata(table.storage, done)["files"]
+        assert (base["rows"], base["live"]) == (3, True), base
+        assert table.read().sort_by("id").to_pylist() == [{"id": i, "ts": 1} for i in range(3)]
+        table.write(pa.table({"id": [0], "ts": [1]}, schema=schema))  # something for the next compaction
+
+
+def test_a_delete_a_pending_older_write_must_lose_to_stays_in_the_base_file(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1)
+    table.write(pa.table({"id": [1, 2], "ts": [1, 1]}, schema=schema))
+    older = table.begin_write(schema)  # pending: may complete after the compaction
+    table.write(pa.table({"id": [1]}), operation="delete")
+    tc = table.compact()
+    (done,) = [i for i in table.timeline() if i.instant == tc]
+    (base,) = nbcc.timeline.read_commit_metadata(table.storage, done)["files"]
+    assert (base["rows"], base["live"]) == (2, False)  # key 2, and key 1's delete
+    writer = table.log_writer(older, "0-0-0")
+    writer.write(prepare(pa.table({"id": [1], "ts": [9]}, schema=schema), table.config, older.schema, "upsert"))
+    older.commit(writer.close())
+    # The delete came after the older write: it still wins, though the older one completed later.
+    assert table.read().to_pylist() == [{"id": 2, "ts": 1}]
+
+
+def test_a_write_that_stalled_through_its_rollback_and_archival_cannot_commit(tmp_path, monkeypatch):
+    """A writer stalled between its requested and inflight files past its heartbeat timeout is
+    rolled back; archival then moves the rollback mark into the history. When the writer resumes,
+    putting its inflight file again must not make the instant committable: its commit would be
+    acknowledged, then erased by the next archival (the history says rolled back)."""
+    import nbcc.commit
+
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1,
+                              heartbeat_timeout_s=1)
+    table.write(pa.table({"id": [1], "ts": [1]}, schema=schema))
+    real = nbcc.commit.create_inflight
+    seen: dict[str, object] = {}
+
+    def stalled(storage, instant, action, info):
+        monkeypatch.setattr(nbcc.commit, "create_inflight", real)
+        nbcc.heartbeat.remove(storage, instant)
+        time.sleep(1.2)  # the stall: no heartbeat for longer than heartbeat_timeout_s
+        seen["rolled_back"] = table.clean(retain_commits=1)["rolled_back"]
+        for k in range(3):  # newer commits move the retained window past it
+            table.write(pa.table({"id": [10 + k], "ts": [1]}, schema=schema))
+        table.clean(retain_commits=1)
+        table.archive(retain_commits=1)
+        seen["archived"] = [i.state for i in table.timeline() if i.instant == instant and i.archived]
+        real(storage, instant, action, info)  # the writer resumes
+    monkeypatch.setattr(nbcc.commit, "create_inflight", stalled)
+    with pytest.raises(nbcc.CommitError, match="not pending on the timeline"):
+        table.write(pa.table({"id": [2], "ts": [1]}, schema=schema))
+    assert len(seen["rolled_back"]) == 1 and seen["archived"] == ["rolledback"]
+    assert sorted(table.read().column("id").to_pylist()) == [1, 10, 11, 12]
+    table.archive(retain_commits=50)
+    table.clean(retain_commits=50)
+    assert sorted(table.read().column("id").to_pylist()) == [1, 10, 11, 12]
+
+
+def test_a_compaction_run_that_lost_to_another_whose_clean_deleted_its_inputs_returns_none(tmp_path, monkeypatch):
+    """Two executions of one plan: the other completes it, a clean then deletes the log files it
+    replaced, and this one finds its inputs gone. That is the harmless race of §15.5: it reports
+    'completed by another run' (None), not a missing data file."""
+    import nbcc.compaction
+
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1)
+    for ts in range(3):
+        table.write(pa.table({"id": [1, 2], "ts": [ts, ts]}, schema=schema))
+    tc = table.schedule_compaction()
+    real = nbcc.compaction.compact_file_group
+    deleted: list = []
+
+    def racing(*args, **kwargs):
+        monkeypatch.setattr(nbcc.compaction, "compact_file_group", real)
+        assert table.run_compaction(tc) is not None  # the other execution
+        for ts in range(3, 6):
+            table.write(pa.table({"id": [3], "ts": [ts]}, schema=schema))
+        deleted.extend(table.clean(retain_commits=1)["deleted"])
+        return real(*args, **kwargs)
+    monkeypatch.setattr(nbcc.compaction, "compact_file_group", racing)
+    assert table.run_compaction(tc) is None
+    assert deleted  # the plan's log files
+    assert table.read().sort_by("id").to_pylist() == [{"id": 1, "ts": 2}, {"id": 2, "ts": 2}, {"id": 3, "ts": 5}]
+
+
+def test_an_archiver_whose_listing_another_archiver_outran_archives_the_rest(tmp_path, monkeypatch):
+    """Archiver A lists the timeline; archiver B then archives the same instants and deletes them
+    (a rollback mark among them). A must not fail on the mark it can no longer read."""
+    import nbcc.archive
+
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1)
+    table.write(pa.table({"id": [0], "ts": [1]}, schema=schema))
+    table.rollback(table.begin_write(schema).instant)
+    for i in range(1, 5):
+        table.write(pa.table({"id": [i], "ts": [1]}, schema=schema))
+    before = table.timeline()
+    listing = nbcc.timeline.Timeline.load(table.storage)  # A's listing
+    assert table.archive(retain_commits=1)["archived"] > 0  # B, to the end
+    monkeypatch.setattr(nbcc.archive.Timeline, "load", staticmethod(lambda storage: listing))
+    nbcc.archive.archive(table.storage, 1)
+    monkeypatch.undo()
+    assert [(i.instant, i.state, i.completion) for i in table.timeline()] == [
+        (i.instant, i.state, i.completion) for i in before]
+    assert sorted(table.read().column("id").to_pylist()) == [0, 1, 2, 3, 4]

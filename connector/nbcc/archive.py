@@ -1,8 +1,8 @@
 """Timeline archival: move instants older than the retained window out of `.nbcc/timeline/`.
 
 Every completed (or rolled back) instant whose time is before the window the cleaner retained is
-written, with its metadata, into one Parquet file `.nbcc/history/<first>_<last>.parquet` (columns
-instant, action, state, completion, metadata), and only then removed from the active timeline. The
+written, with its metadata, into one Parquet file `.nbcc/history/<first>_<last>_<8 hex>.parquet`
+(columns instant, action, state, completion, metadata, plan), and only then removed from the active timeline. The
 timeline reads history files too (once per process), so completion times and file lists of
 archived instants are always found (Hudi #14365 lost data when an archived instant's completion
 time read back as null). A crash between the two steps leaves an instant in both places, which
@@ -65,9 +65,12 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
         if when >= boundary or (oldest_pending is not None and inst.instant >= oldest_pending):
             continue
         if inst.is_completed:
-            meta = read_commit_metadata(storage, inst)
+            meta = read_commit_metadata(storage, inst)  # falls back to the history
         else:
-            meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.file_name}"))
+            try:
+                meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.file_name}"))
+            except FileNotFoundError:
+                continue  # another archiver moved it into the history since the listing
         plan = None
         if inst.action == COMPACTION_COMMIT:  # kept: time travel may slice as of its pending time
             plan = json.dumps(read_compaction_plan(storage, inst.instant), sort_keys=True)

@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 
 from .clock import TimeGenerator, parse_time_option
 from .config import TableConfig
-from .errors import CommitError, InvalidOptionError
+from .errors import CommitError, DataFileError, InvalidOptionError
 from .filenames import base_file_name, data_file_path, make_token
 from .merge import one_row_per_key
 from .metadata_table import index_commit
@@ -185,11 +185,22 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
     token = execution_token()
     operations = read_compaction_plan(storage, tc)["operations"]
     files = []
-    for n, op in enumerate(operations, 1):
-        files.append(compact_file_group(storage, config, tc, op, token))
-        if progress is not None:
-            progress(n, len(operations))
+    try:
+        for n, op in enumerate(operations, 1):
+            files.append(compact_file_group(storage, config, tc, op, token))
+            if progress is not None:
+                progress(n, len(operations))
+    except (DataFileError, FileNotFoundError):
+        if completed_meanwhile(storage, tc):
+            return None  # and a clean deleted the inputs it no longer needed: nothing was lost
+        raise
     return complete_compaction(storage, clock, tc, files)
+
+
+def completed_meanwhile(storage: Storage, tc: str) -> bool:
+    """Whether another execution completed compaction `tc` (asked when this one failed)."""
+    inst = Timeline.load(storage).get(tc)
+    return inst is not None and inst.is_completed
 
 
 

@@ -18,7 +18,9 @@ instant completes after the compaction. Per record key:
 `compact=True` returns instead the records that merge to the same result together with any
 records that complete later (what compaction writes): per key the last natural delete and the
 winner (`partial_update`: the last delete and, per column, the record holding its last non-null
-value). A commit that completes after the compaction can have an older instant than records it
+value), less the natural deletes older than `late_after` (no commit still to come can be
+older than them, so they decide nothing more). A commit that completes after the compaction can
+have an older instant than records it
 folded, so one of its natural deletes can cut the log between them: with A (instant 1, ts 4) and
 B (instant 3, ts 2), A wins, but a late natural delete at instant 2 removes A and B must win. So
 from `late_after` on (the earliest instant still pending when the compaction was planned) it
@@ -162,7 +164,8 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
     if merge_mode != PARTIAL_UPDATE:
         if compact:
             late = _late_cut_winners(rows, order, pos, group, keep, deleted, record_key, merge_mode, late_after)
-            return rows.take(order[_union(natural_at, winner, late)])
+            kept = _union(natural_at, winner, late)
+            return rows.take(order[_without_settled_deletes(kept, rows, order, natural, late_after)])
         live = winner[~deleted[winner]]
         return rows.take(order[live])
 
@@ -175,7 +178,8 @@ def merge_records(rows: pa.Table, record_key: Sequence[str], ordering_field: str
         lasts[name] = np.maximum.reduceat(np.where(valid, at, -1), starts)
     if compact:
         late = _late_cut_winners(rows, order, pos, group, keep, deleted, record_key, merge_mode, late_after)
-        return rows.take(order[_union(natural_at, last_delete, winner, *lasts.values(), late)])
+        kept = _union(natural_at, last_delete, winner, *lasts.values(), late)
+        return rows.take(order[_without_settled_deletes(kept, rows, order, natural, late_after)])
     alive = winner != last_delete
     result = rows.take(order[winner[alive]])
     for name in data_columns:  # keys are equal within a group; meta columns come from the winner
@@ -218,6 +222,19 @@ def _late_cut_winners(rows: pa.Table, order: np.ndarray, pos: np.ndarray, group:
             if name not in record_key and not name.startswith(META_PREFIX):
                 kept.append(suffix_winners(eligible & rows.column(name).is_valid().to_numpy(zero_copy_only=False)[order]))
     return np.concatenate(kept)
+
+
+def _without_settled_deletes(kept: np.ndarray, rows: pa.Table, order: np.ndarray, natural: np.ndarray,
+                             late_after: str | None) -> np.ndarray:
+    """`kept` (positions in rank order) less the natural deletes older than `late_after`. Every
+    commit still to come has a newer instant, so it outranks such a delete whatever it holds: the
+    delete decides nothing any more, and keeping it would carry it from base file to base file
+    (and keep the file from being `live`). Deletes with an ordering value stay: a later row with
+    a smaller one must still lose to them."""
+    if late_after is None or not natural.any():
+        return kept
+    older = pc.less(rows.column(COMMIT_TIME_COL), late_after).to_numpy(zero_copy_only=False)[order]
+    return kept[~(natural[kept] & older[kept])]
 
 
 def _union(*positions: np.ndarray) -> np.ndarray:

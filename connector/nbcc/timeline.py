@@ -212,11 +212,13 @@ def create_completed(storage: Storage, instant: str, grant: LockGrant, action: s
                 f"instant {instant} was rolled back (its heartbeat expired, or its job aborted); "
                 "its files are gone: write the data again"
             )
-    # Its own pending file must still be there: one rolled back and then archived has lost its
-    # mark, but never gets its pending files back.
+    # Its requested file must still be there: one rolled back and then archived has lost its
+    # mark, and only its requested file is never made again (a writer that stalled through the
+    # rollback can still put its inflight file afterwards).
     pending_action = COMPACTION if action == COMPACTION_COMMIT else action
-    if not any(n.startswith(f"{instant}.{pending_action}.") for n in names):
-        raise CommitError(f"instant {instant} is not pending on the timeline (rolled back and archived?)")
+    if f"{instant}.{pending_action}.{REQUESTED}" not in names:
+        raise CommitError(f"instant {instant} is not pending on the timeline (its requested file is gone: "
+                          "it was rolled back, and its mark archived); write the data again")
     name = f"{instant}_{completion}.{action}"
     grant.check()  # after the listing: the put has the rest of half a lease to land
     if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata)):

@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
-from nbcc.compaction import compact_file_group, compaction_to_run, complete_compaction
+from nbcc.compaction import compact_file_group, compaction_to_run, complete_compaction, completed_meanwhile
 from nbcc.config import parse_options
 from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
@@ -111,7 +111,12 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
         return compact_file_group(storage, config, tc, op, token)
 
     rdd = spark.sparkContext.parallelize(list(enumerate(operations)), max(1, len(operations)))
-    files = rdd.map(merge_group).collect()
+    try:
+        files = rdd.map(merge_group).collect()
+    except Exception:
+        if completed_meanwhile(table.storage, tc):
+            return tc  # another run completed it, and a clean deleted the inputs: nothing was lost
+        raise
     complete_compaction(table.storage, table.clock, tc, files)  # None: another run completed it
     return tc
 
