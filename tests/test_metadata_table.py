@@ -982,6 +982,46 @@ def test_an_indexer_racing_a_clean_keeps_no_entries_of_the_files_it_deleted(tmp_
     assert index_contents(t) == index_contents(rebuilt(tmp_path, t))
 
 
+# -- a metadata table that fails, its caches, its upkeep ---------------------------------------------
+
+def mdt_timeline_dir(tmp_path: Path) -> Path:
+    return tmp_path / "t" / ".nbcc" / "metadata" / ".nbcc" / "timeline"
+
+
+@pytest.mark.parametrize("failure", ["truncated commit file", "storage error"])
+def test_a_metadata_table_that_cannot_be_read_leaves_reads_to_the_timeline(tmp_path, monkeypatch, caplog, failure):
+    """The metadata table only makes reads cheaper: whatever fails in reading it, a read plans
+    from the timeline and says so in a warning."""
+    import nbcc.reader as reader
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 5):
+        t.write(batch(range(ts, ts + 4), ts))
+    t.build_index()
+    t.write(batch([2, 40], 5))  # its entries: a delta commit of the metadata table no read has read yet
+    if failure == "truncated commit file":
+        last = sorted(n for n in mdt_timeline_dir(tmp_path).iterdir() if n.name.endswith(".deltacommit"))[-1]
+        last.write_text('{"instant": "2026')
+        expect = "JSONDecodeError"
+    else:
+        real = reader.read_columns
+
+        def failing(storage, *args, **kw):
+            if "/.nbcc/metadata" in storage.uri:
+                raise nbcc.StorageError("s3 said 503 Slow Down")
+            return real(storage, *args, **kw)
+
+        monkeypatch.setattr(reader, "read_columns", failing)
+        expect = "s3 said 503 Slow Down"
+    with caplog.at_level("WARNING", logger="nbcc.index_view"):
+        for kw in ({}, {"filter": [("id", "=", 40)]}, {"filter": [("b", ">=", 4000)]}):
+            caplog.clear()
+            assert rows(t.read(**kw)) == rows(t.read(use_metadata_table=False, **kw)), kw
+            assert t.plan(**kw).metadata_used == ()
+            assert "could not be read" in caplog.text and t.uri in caplog.text and expect in caplog.text
+    assert 40 in {r[0] for r in rows(t.read())}
+
+
 # -- Spark --------------------------------------------------------------------------------------------
 
 def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tmp_path):

@@ -227,21 +227,28 @@ def _value(text: str | None, t: pa.DataType | None) -> Any:
 def load_index(storage: Storage, use: bool | None, kinds: Iterable[str] = (FILES,)) -> MetadataIndex | None:
     """The ready partitions among `kinds`, read; None if there are none (or `use` is False), in
     which case the reader goes by the timeline alone. A metadata table that cannot be read (its
-    cleaner deleted a file this read planned to open) is read again once, then left out."""
+    cleaner deleted a file this read planned to open) is read again once, then left out; one
+    that fails otherwise (a corrupt file, a storage error) is left out at once: it is only an
+    optimisation, and the timeline answers every read without it."""
     if use is False:
         return None
     ready = {k for k, v in read_states(storage).items() if v == READY}
     wanted = [k for k in kinds if k in ready]
     if not wanted:
         return None
-    mdt = open_metadata_table(storage)
-    if mdt is None:
-        return None
     for attempt in (1, 2):
         try:
-            return MetadataIndex(_read_kinds(mdt, wanted))
+            mdt = open_metadata_table(storage)
+            return None if mdt is None else MetadataIndex(_read_kinds(mdt, wanted))
         except (DataFileError, FileNotFoundError) as exc:
             if attempt == 2:
-                log.warning("the metadata table of %s could not be read (%s); planning from the timeline",
-                            storage.uri, exc)
+                _fall_back(storage, exc)
+        except Exception as exc:  # noqa: BLE001 - reading again would fail the same way
+            _fall_back(storage, exc)
+            break
     return None
+
+
+def _fall_back(storage: Storage, exc: BaseException) -> None:
+    log.warning("the metadata table of %s could not be read (%s: %s); planning from the timeline",
+                storage.uri, type(exc).__name__, exc)
