@@ -1022,6 +1022,26 @@ def test_a_metadata_table_that_cannot_be_read_leaves_reads_to_the_timeline(tmp_p
     assert 40 in {r[0] for r in rows(t.read())}
 
 
+def test_a_null_count_not_recorded_is_unknown_not_zero(tmp_path):
+    """Statistics of a writer that records min and max but no null count: an `is_null` filter
+    must keep the file, as it does when planning from the commit files."""
+    t = nbcc.Table.create(str(tmp_path / "t"), SCHEMA, "id", buckets=1, merge_mode="commit_time")
+    data = pa.Table.from_pylist([{"id": 1, "part": "x", "ts": 1, "a": "a1", "b": 1},
+                                 {"id": 2, "part": "x", "ts": 1, "a": None, "b": 2}], schema=SCHEMA)
+    instant = t.write(data)
+    timeline_dir = tmp_path / "t" / ".nbcc" / "timeline"
+    [commit_file] = [n for n in timeline_dir.iterdir() if n.name.startswith(f"{instant}_")]
+    meta = json.loads(commit_file.read_text())
+    for f in meta["files"]:
+        for st in f["stats"].values():
+            st.pop("nulls", None)
+    commit_file.write_text(json.dumps(meta))
+    t.build_index()
+    got = same_both_ways(t, (FILES, COLUMN_STATS), filter=[("a", "is_null")])
+    assert got == [(2, "x", 1, None, 2)]
+    assert same_both_ways(t, (FILES, COLUMN_STATS), filter=[("b", "is_not_null")]) == rows(data)
+
+
 # -- Spark --------------------------------------------------------------------------------------------
 
 def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tmp_path):

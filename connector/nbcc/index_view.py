@@ -197,7 +197,7 @@ class MetadataIndex:
         r = {c: kind.rows.column(c)[i].as_py() for c in ("columns", "mins", "maxs", "nulls", "ranges")}
         out = {}
         for col, lo, hi, nulls, ranged in zip(r["columns"], r["mins"], r["maxs"], r["nulls"], r["ranges"]):
-            st: dict[str, Any] = {"nulls": nulls}
+            st: dict[str, Any] = {} if nulls is None else {"nulls": nulls}  # null: not recorded
             if ranged:
                 st["min"], st["max"] = _value(lo, types.get(col)), _value(hi, types.get(col))
             out[col] = st

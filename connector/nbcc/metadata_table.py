@@ -178,6 +178,12 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
+def _count(value: Any) -> int | None:
+    """A null count; None (null) when the writer did not record one: unknown, not zero, or an
+    `is_null` filter would skip files holding nulls."""
+    return None if value is None else int(value)
+
+
 def entries(storage: Storage, metadata: Mapping[str, Any], kinds: Sequence[str]) -> list[dict[str, Any]]:
     """The rows that index one completed (or completing) instant: its markers and, per kind, one
     row per file. `key_filters` reads each file's record keys; a file that is gone (cleaned
@@ -199,7 +205,7 @@ def entries(storage: Storage, metadata: Mapping[str, Any], kinds: Sequence[str])
             st = [f["stats"][c] for c in cols]
             out.append({**base, "kind": COLUMN_STATS, "columns": cols,
                         "mins": [_text(s.get("min")) for s in st], "maxs": [_text(s.get("max")) for s in st],
-                        "nulls": [int(s.get("nulls", 0)) for s in st], "ranges": ["min" in s for s in st]})
+                        "nulls": [_count(s.get("nulls")) for s in st], "ranges": ["min" in s for s in st]})
         if KEY_FILTERS in kinds:
             try:
                 keys = read_columns(storage, f["partition"], [f["name"]], [RECORD_KEY_COL]).column(RECORD_KEY_COL)
