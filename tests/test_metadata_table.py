@@ -1042,6 +1042,46 @@ def test_a_null_count_not_recorded_is_unknown_not_zero(tmp_path):
     assert same_both_ways(t, (FILES, COLUMN_STATS), filter=[("b", "is_not_null")]) == rows(data)
 
 
+def count_metadata_file_reads(monkeypatch) -> list[str]:
+    """Files of metadata tables read (by any table)."""
+    import nbcc.reader as reader
+
+    real, seen = reader.read_columns, []
+
+    def counting(storage, partition, names, *args, **kw):
+        if "/.nbcc/metadata" in storage.uri:
+            seen.extend(names)
+        return real(storage, partition, names, *args, **kw)
+
+    monkeypatch.setattr(reader, "read_columns", counting)
+    return seen
+
+
+def test_planning_again_reads_no_metadata_file_however_many_tables_the_process_reads(tmp_path, monkeypatch):
+    tables = []
+    for j in range(3):
+        t = new_table(str(tmp_path / f"t{j}"), buckets=2)
+        t.write(batch([0, 1], 0))
+        t.build_index()  # ends with a compaction of the metadata table
+        for ts in range(1, 9):  # each a delta commit of the metadata table: a log file per partition
+            t.write(batch([ts, ts + 20], ts))
+        tables.append(t)
+    seen = count_metadata_file_reads(monkeypatch)
+    point = [("id", "=", 3)]  # every partition: files, column statistics, key filters
+    for t in tables:
+        assert t.plan(filter=point).metadata_used == (COLUMN_STATS, FILES, KEY_FILTERS)
+    assert len(seen) > 3 * len(KINDS)  # the first plans read every table's metadata files
+    for _ in range(2):
+        for t in tables:
+            seen.clear()
+            assert t.plan(filter=point).metadata_used and seen == []
+    tables[0].write(batch([3], 9))
+    for t in tables:  # the new delta commit costs its own files, one per partition
+        seen.clear()
+        assert rows(t.read(filter=point)) == rows(t.read(filter=point, use_metadata_table=False))
+        assert len(seen) == (len(KINDS) if t is tables[0] else 0), seen
+
+
 # -- Spark --------------------------------------------------------------------------------------------
 
 def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tmp_path):

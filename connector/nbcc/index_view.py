@@ -9,8 +9,9 @@ What a reader takes from it, and why the result is the same as from the timeline
   readable state needs (format.md §18.5).
 - `column_stats` and `key_filters`: an entry describes the file's own content, so it is right
   whenever that file is read; a file without one is "unknown" (kept).
-The merged rows of each kind are cached per process by the metadata table's file list (files
-never change), so planning again costs two timeline listings.
+The merged rows of each kind are cached per process and per table by the metadata table's file
+list (files never change), so planning again costs two timeline listings, however many tables
+the process reads.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict, defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,9 +33,33 @@ from .timeline import COMPACTION_COMMIT, Instant, Timeline, read_commit_metadata
 
 log = logging.getLogger(__name__)
 
-_CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 64  # merged kinds and files of the metadata table
+_CACHE_TABLES = 256  # metadata tables cached at once (least recently read dropped)
+
+
+class _TableCache:
+    """What one metadata table's reads keep: per kind and column subset, the merged rows of the
+    latest file list read and the files of that list. Only the latest is kept: older lists are
+    superseded (a reader still planning one just reads again), so the cache of a table never
+    outgrows its snapshot, and no other table's reads evict it."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[tuple, tuple[tuple, _Kind]] = {}  # (kind, columns) -> (file list, rows)
+        self.files: dict[tuple, dict[str, pa.Table]] = {}  # (partition, columns) -> name -> rows
+
+
+_TABLES: "OrderedDict[str, _TableCache]" = OrderedDict()
+
+
+def _table_cache(uri: str) -> _TableCache:
+    with _CACHE_LOCK:
+        cache = _TABLES.get(uri)
+        if cache is None:
+            cache = _TABLES[uri] = _TableCache()
+            while len(_TABLES) > _CACHE_TABLES:
+                _TABLES.popitem(last=False)
+        _TABLES.move_to_end(uri)
+        return cache
 
 
 class _Kind:
@@ -85,20 +110,6 @@ def indexed_instants(mdt: Any, kinds: Iterable[str]) -> dict[str, set[str]]:
     return {k: set(v.markers) for k, v in read.items()}
 
 
-def _cached(key: tuple, make: Callable[[], Any], size: int) -> Any:
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _CACHE.move_to_end(key)
-            return hit
-    hit = make()
-    with _CACHE_LOCK:
-        _CACHE[key] = hit
-        while len(_CACHE) > size:
-            _CACHE.popitem(last=False)
-    return hit
-
-
 def _recent(mdt: Any, kinds: Iterable[str]) -> Timeline:
     """The part of the metadata table's timeline that its latest snapshot of `kinds` depends on.
 
@@ -133,25 +144,33 @@ def _read_kinds(mdt: Any, kinds: Iterable[str], columns: Iterable[str] | None = 
     plan = plan_scan(storage, config, ReadOptions(use_metadata_table=False), _recent(mdt, kinds))
     schema = plan.schema if columns is None else pa.schema([plan.schema.field(c) for c in columns])
     names = tuple(schema.names) + (COMMIT_TIME_COL, IS_DELETED_COL)
+    cache = _table_cache(mdt.uri)
     out = {}
     for kind in kinds:
-        tasks = [t for t in plan.tasks if t.partition == f"kind={kind}"]
-
-        def merged() -> _Kind:
-            parts = []
-            for t in tasks:
-                files = [_cached((mdt.uri, t.partition, n, names),
-                                 lambda n=n, t=t: read_columns(storage, t.partition, [n], names).select(names),
-                                 _CACHE_SIZE) for n in t.files]
-                rows = pa.concat_tables(files) if files else None
-                if rows is not None and not t.merged_already:  # files in log order: merge by key
-                    rows = merge_records(rows, config.record_key, None, config.merge_mode)
-                if rows is not None:
-                    parts.append(rows.select(schema.names))
-            return _Kind(pa.concat_tables(parts) if parts else schema.empty_table())
-
-        key = (mdt.uri, kind, tuple(schema.names), tuple((t.file_group_id, t.files) for t in tasks))
-        out[kind] = _cached(key, merged, _CACHE_SIZE)
+        partition = f"kind={kind}"
+        tasks = [t for t in plan.tasks if t.partition == partition]
+        slot, file_list = (kind, names), tuple((t.file_group_id, t.files) for t in tasks)
+        with _CACHE_LOCK:
+            hit = cache.kinds.get(slot)
+            known = dict(cache.files.get((partition, names), {}))
+        if hit is not None and hit[0] == file_list:
+            out[kind] = hit[1]
+            continue
+        parts = []
+        for t in tasks:
+            for n in t.files:
+                if n not in known:  # only files new since the list read last
+                    known[n] = read_columns(storage, t.partition, [n], names).select(names)
+            rows = pa.concat_tables([known[n] for n in t.files]) if t.files else None
+            if rows is not None and not t.merged_already:  # files in log order: merge by key
+                rows = merge_records(rows, config.record_key, None, config.merge_mode)
+            if rows is not None:
+                parts.append(rows.select(schema.names))
+        out[kind] = _Kind(pa.concat_tables(parts) if parts else schema.empty_table())
+        listed = {n for t in tasks for n in t.files}
+        with _CACHE_LOCK:
+            cache.kinds[slot] = (file_list, out[kind])
+            cache.files[(partition, names)] = {n: v for n, v in known.items() if n in listed}
     return out
 
 
