@@ -1082,6 +1082,35 @@ def test_planning_again_reads_no_metadata_file_however_many_tables_the_process_r
         assert len(seen) == (len(KINDS) if t is tables[0] else 0), seen
 
 
+def test_metadata_table_upkeep_cleans_and_archives_while_its_compaction_is_pending(tmp_path, monkeypatch):
+    """A compaction of the metadata table left pending (its writer crashed) holds back only the
+    next compaction: writers still clean the metadata table and archive its timeline."""
+    import nbcc.metadata_table as metadata_table
+
+    t = new_table(str(tmp_path / "t"))
+    t.write(batch([1, 2], 1))
+    t.build_index()
+    for ts in range(2, 8):
+        t.write(batch([ts], ts))
+    mdt = open_metadata_table(t.storage)
+    tc = mdt.schedule_compaction()  # and the compactor crashed: it stays requested
+    assert tc is not None and tc in mdt.pending_compactions()
+    monkeypatch.setattr(metadata_table, "ARCHIVE_ABOVE", 5)
+    monkeypatch.setattr(metadata_table, "RETAIN_COMMITS", 2)
+    for ts in range(8, 11):
+        t.write(batch([ts], ts))
+    actions = {}
+    for i in mdt.timeline():
+        actions.setdefault(i.action, []).append(i)
+    assert any(i.state == "completed" for i in actions.get("clean", []))  # it was cleaned ...
+    assert any(i.archived for i in mdt.timeline())  # ... and its timeline archived
+    assert mdt.pending_compactions() == [tc]  # the compaction still waits for a service
+    same_both_ways(t, (FILES, COLUMN_STATS), filter=[("b", ">=", 9000)])
+    t.clean(retain_commits=20)  # a service finishes it
+    assert mdt.pending_compactions() == []
+    same_both_ways(t)
+
+
 # -- Spark --------------------------------------------------------------------------------------------
 
 def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tmp_path):

@@ -369,12 +369,13 @@ def upkeep(mdt: Any, force: bool = False) -> None:
     try:
         timeline = Timeline.load(mdt.storage)
         pending = [i.instant for i in timeline.pending() if i.action == COMPACTION]
-        if pending and not force:
-            return  # another writer is compacting it (or crashed doing so: a service finishes it)
-        for tc in pending:
-            mdt.run_compaction(tc)
-        if delta_commits_since_compaction(timeline) >= (1 if force else COMPACT_EVERY):
-            mdt.compact()
+        # A pending compaction: another writer is compacting it (or crashed doing so: a service
+        # finishes it), so only compacting waits; cleaning and archival go on (format.md §18.7).
+        if force or not pending:
+            for tc in pending:
+                mdt.run_compaction(tc)
+            if delta_commits_since_compaction(timeline) >= (1 if force else COMPACT_EVERY):
+                mdt.compact()
         if force or sum(1 for i in timeline.instants if not i.archived) > ARCHIVE_ABOVE:
             mdt.clean(retain_commits=RETAIN_COMMITS)  # archival goes up to the window it retains
             mdt.archive(retain_commits=RETAIN_COMMITS)
