@@ -1111,6 +1111,39 @@ def test_metadata_table_upkeep_cleans_and_archives_while_its_compaction_is_pendi
     same_both_ways(t)
 
 
+def test_dropping_the_partitions_stops_a_catch_up_that_waits_for_writes(tmp_path, monkeypatch):
+    """Catch-up waits for writes in flight; a drop that cancels the indexing meanwhile stops it
+    at its next round, not at its timeout."""
+    import nbcc.indexing as indexing
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 4):
+        t.write(batch(range(ts, ts + 4), ts))
+    data = batch([3, 30], 9)
+    txn = t.begin_write(data.schema)  # in flight past the indexing: catch-up waits for it
+    writer = t.log_writer(txn, "0-0-0")
+    writer.write(prepare(data, t.config, txn.schema, "upsert"))
+    files = writer.close()
+    ti = indexing.schedule(t.storage, t.clock, KINDS)
+    real = indexing.index_instants
+
+    def then_dropped(storage, kinds, instants, indexed=None):  # step 2's last chunk; then the drop
+        done = real(storage, kinds, instants, indexed)
+        assert t.drop_index(KINDS)["cancelled"] == [ti]
+        return done
+
+    monkeypatch.setattr(indexing, "index_instants", then_dropped)
+    with pytest.raises(nbcc.CommitError, match=f"indexing {ti} was cancelled"):
+        indexing.run(t.storage, t.clock, ti, timeout_s=3)  # old code: IndexingTimeoutError after 3 s
+    monkeypatch.undo()
+    timeline_dir = tmp_path / "t" / ".nbcc" / "timeline"
+    assert sorted(n.name for n in timeline_dir.iterdir() if n.name.startswith(ti)) == [f"{ti}.indexing.rolledback"]
+    assert t.index_state()["pending"] == [] and read_states(t.storage, dropping=True) == {}
+    txn.commit(files)
+    assert set(t.build_index()["ready"]) == set(KINDS)
+    same_both_ways(t, (FILES, KEY_FILTERS), filter=[("id", "=", 30)])
+
+
 # -- Spark --------------------------------------------------------------------------------------------
 
 def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tmp_path):

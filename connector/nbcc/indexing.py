@@ -186,6 +186,9 @@ def catch_up(storage: Storage, ti: str, plan: dict[str, Any], timeout_s: float =
     deadline = time.monotonic() + timeout_s
     pause, done = 0.02, 0
     while True:
+        # Each round, not only before writing: a run with nothing to index would otherwise
+        # wait out its timeout for writes although a drop cancelled it.
+        _check_cancelled(storage, ti)
         timeline = Timeline.load(storage)  # before the markers: an instant indexed before it
         indexed = indexed_instants(mdt, kinds)  # completed is then among them
         missing = [i.instant for i in timeline.completed()
