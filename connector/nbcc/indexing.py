@@ -233,7 +233,8 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
     return ready
 
 
-Execute = Callable[[Sequence[str], list[list[str]]], None]  # (partitions, chunks): index them
+# (partitions, chunks, indexed: kind -> instants covered already): index the chunks
+Execute = Callable[[Sequence[str], list[list[str]], dict[str, set[str]]], None]
 
 
 def run(storage: Storage, clock: TimeGenerator, ti: str, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -250,7 +251,7 @@ def run(storage: Storage, clock: TimeGenerator, ti: str, timeout_s: float = DEFA
     _check_cancelled(storage, ti)  # after the put: removes the inflight file if the drop came first
     chunks, indexed = base_work(storage, plan)
     if execute is not None and chunks:
-        execute(plan["partitions"], chunks)
+        execute(plan["partitions"], chunks, indexed)
     else:
         for n, chunk in enumerate(chunks, 1):
             _check_cancelled(storage, ti)
