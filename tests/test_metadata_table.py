@@ -982,6 +982,220 @@ def test_an_indexer_racing_a_clean_keeps_no_entries_of_the_files_it_deleted(tmp_
     assert index_contents(t) == index_contents(rebuilt(tmp_path, t))
 
 
+# -- a metadata table that fails, its caches, its upkeep ---------------------------------------------
+
+def mdt_timeline_dir(tmp_path: Path) -> Path:
+    return tmp_path / "t" / ".nbcc" / "metadata" / ".nbcc" / "timeline"
+
+
+@pytest.mark.parametrize("failure", ["truncated commit file", "storage error"])
+def test_a_metadata_table_that_cannot_be_read_leaves_reads_to_the_timeline(tmp_path, monkeypatch, caplog, failure):
+    """The metadata table only makes reads cheaper: whatever fails in reading it, a read plans
+    from the timeline and says so in a warning."""
+    import nbcc.reader as reader
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 5):
+        t.write(batch(range(ts, ts + 4), ts))
+    t.build_index()
+    t.write(batch([2, 40], 5))  # its entries: a delta commit of the metadata table no read has read yet
+    if failure == "truncated commit file":
+        last = sorted(n for n in mdt_timeline_dir(tmp_path).iterdir() if n.name.endswith(".deltacommit"))[-1]
+        last.write_text('{"instant": "2026')
+        expect = "JSONDecodeError"
+    else:
+        real = reader.read_columns
+
+        def failing(storage, *args, **kw):
+            if "/.nbcc/metadata" in storage.uri:
+                raise nbcc.StorageError("s3 said 503 Slow Down")
+            return real(storage, *args, **kw)
+
+        monkeypatch.setattr(reader, "read_columns", failing)
+        expect = "s3 said 503 Slow Down"
+    with caplog.at_level("WARNING", logger="nbcc.index_view"):
+        for kw in ({}, {"filter": [("id", "=", 40)]}, {"filter": [("b", ">=", 4000)]}):
+            caplog.clear()
+            assert rows(t.read(**kw)) == rows(t.read(use_metadata_table=False, **kw)), kw
+            assert t.plan(**kw).metadata_used == ()
+            assert "could not be read" in caplog.text and t.uri in caplog.text and expect in caplog.text
+    assert 40 in {r[0] for r in rows(t.read())}
+
+
+def test_a_null_count_not_recorded_is_unknown_not_zero(tmp_path):
+    """Statistics of a writer that records min and max but no null count: an `is_null` filter
+    must keep the file, as it does when planning from the commit files."""
+    t = nbcc.Table.create(str(tmp_path / "t"), SCHEMA, "id", buckets=1, merge_mode="commit_time")
+    data = pa.Table.from_pylist([{"id": 1, "part": "x", "ts": 1, "a": "a1", "b": 1},
+                                 {"id": 2, "part": "x", "ts": 1, "a": None, "b": 2}], schema=SCHEMA)
+    instant = t.write(data)
+    timeline_dir = tmp_path / "t" / ".nbcc" / "timeline"
+    [commit_file] = [n for n in timeline_dir.iterdir() if n.name.startswith(f"{instant}_")]
+    meta = json.loads(commit_file.read_text())
+    for f in meta["files"]:
+        for st in f["stats"].values():
+            st.pop("nulls", None)
+    commit_file.write_text(json.dumps(meta))
+    t.build_index()
+    got = same_both_ways(t, (FILES, COLUMN_STATS), filter=[("a", "is_null")])
+    assert got == [(2, "x", 1, None, 2)]
+    assert same_both_ways(t, (FILES, COLUMN_STATS), filter=[("b", "is_not_null")]) == rows(data)
+
+
+def count_metadata_file_reads(monkeypatch) -> list[str]:
+    """Files of metadata tables read (by any table)."""
+    import nbcc.reader as reader
+
+    real, seen = reader.read_columns, []
+
+    def counting(storage, partition, names, *args, **kw):
+        if "/.nbcc/metadata" in storage.uri:
+            seen.extend(names)
+        return real(storage, partition, names, *args, **kw)
+
+    monkeypatch.setattr(reader, "read_columns", counting)
+    return seen
+
+
+def test_planning_again_reads_no_metadata_file_however_many_tables_the_process_reads(tmp_path, monkeypatch):
+    tables = []
+    for j in range(3):
+        t = new_table(str(tmp_path / f"t{j}"), buckets=2)
+        t.write(batch([0, 1], 0))
+        t.build_index()  # ends with a compaction of the metadata table
+        for ts in range(1, 9):  # each a delta commit of the metadata table: a log file per partition
+            t.write(batch([ts, ts + 20], ts))
+        tables.append(t)
+    seen = count_metadata_file_reads(monkeypatch)
+    point = [("id", "=", 3)]  # every partition: files, column statistics, key filters
+    for t in tables:
+        assert t.plan(filter=point).metadata_used == (COLUMN_STATS, FILES, KEY_FILTERS)
+    assert len(seen) > 3 * len(KINDS)  # the first plans read every table's metadata files
+    for _ in range(2):
+        for t in tables:
+            seen.clear()
+            assert t.plan(filter=point).metadata_used and seen == []
+    tables[0].write(batch([3], 9))
+    for t in tables:  # the new delta commit costs its own files, one per partition
+        seen.clear()
+        assert rows(t.read(filter=point)) == rows(t.read(filter=point, use_metadata_table=False))
+        assert len(seen) == (len(KINDS) if t is tables[0] else 0), seen
+
+
+def test_metadata_table_upkeep_cleans_and_archives_while_its_compaction_is_pending(tmp_path, monkeypatch):
+    """A compaction of the metadata table left pending (its writer crashed) holds back only the
+    next compaction: writers still clean the metadata table and archive its timeline."""
+    import nbcc.metadata_table as metadata_table
+
+    t = new_table(str(tmp_path / "t"))
+    t.write(batch([1, 2], 1))
+    t.build_index()
+    for ts in range(2, 8):
+        t.write(batch([ts], ts))
+    mdt = open_metadata_table(t.storage)
+    tc = mdt.schedule_compaction()  # and the compactor crashed: it stays requested
+    assert tc is not None and tc in mdt.pending_compactions()
+    monkeypatch.setattr(metadata_table, "ARCHIVE_ABOVE", 5)
+    monkeypatch.setattr(metadata_table, "RETAIN_COMMITS", 2)
+    for ts in range(8, 11):
+        t.write(batch([ts], ts))
+    actions = {}
+    for i in mdt.timeline():
+        actions.setdefault(i.action, []).append(i)
+    assert any(i.state == "completed" for i in actions.get("clean", []))  # it was cleaned ...
+    assert any(i.archived for i in mdt.timeline())  # ... and its timeline archived
+    assert mdt.pending_compactions() == [tc]  # the compaction still waits for a service
+    same_both_ways(t, (FILES, COLUMN_STATS), filter=[("b", ">=", 9000)])
+    t.clean(retain_commits=20)  # a service finishes it
+    assert mdt.pending_compactions() == []
+    same_both_ways(t)
+
+
+def test_dropping_the_partitions_stops_a_catch_up_that_waits_for_writes(tmp_path, monkeypatch):
+    """Catch-up waits for writes in flight; a drop that cancels the indexing meanwhile stops it
+    at its next round, not at its timeout."""
+    import nbcc.indexing as indexing
+
+    t = new_table(str(tmp_path / "t"))
+    for ts in range(1, 4):
+        t.write(batch(range(ts, ts + 4), ts))
+    data = batch([3, 30], 9)
+    txn = t.begin_write(data.schema)  # in flight past the indexing: catch-up waits for it
+    writer = t.log_writer(txn, "0-0-0")
+    writer.write(prepare(data, t.config, txn.schema, "upsert"))
+    files = writer.close()
+    ti = indexing.schedule(t.storage, t.clock, KINDS)
+    real = indexing.index_instants
+
+    def then_dropped(storage, kinds, instants, indexed=None):  # step 2's last chunk; then the drop
+        done = real(storage, kinds, instants, indexed)
+        assert t.drop_index(KINDS)["cancelled"] == [ti]
+        return done
+
+    monkeypatch.setattr(indexing, "index_instants", then_dropped)
+    with pytest.raises(nbcc.CommitError, match=f"indexing {ti} was cancelled"):
+        indexing.run(t.storage, t.clock, ti, timeout_s=3)  # old code: IndexingTimeoutError after 3 s
+    monkeypatch.undo()
+    timeline_dir = tmp_path / "t" / ".nbcc" / "timeline"
+    assert sorted(n.name for n in timeline_dir.iterdir() if n.name.startswith(ti)) == [f"{ti}.indexing.rolledback"]
+    assert t.index_state()["pending"] == [] and read_states(t.storage, dropping=True) == {}
+    txn.commit(files)
+    assert set(t.build_index()["ready"]) == set(KINDS)
+    same_both_ways(t, (FILES, KEY_FILTERS), filter=[("id", "=", 30)])
+
+
+class _LocalSpark:
+    """What build_index asks of a SparkSession, run in this process: a list, mapped."""
+
+    class _Rdd:
+        def __init__(self, items):
+            self.items = list(items)
+
+        def map(self, f):
+            return _LocalSpark._Rdd(f(x) for x in self.items)
+
+        def collect(self):
+            return self.items
+
+    class sparkContext:  # noqa: N801 - SparkSession's attribute
+        @staticmethod
+        def parallelize(items, slices):
+            return _LocalSpark._Rdd(items)
+
+
+def test_distributed_build_tasks_index_only_the_partitions_an_instant_lacks(tmp_path, monkeypatch):
+    """A build of [files, key_filters] after an earlier one wrote the `files` entries of every
+    instant (then its key_filters were dropped): its tasks write only key_filters entries."""
+    import nbcc.indexing as indexing
+    from pyspark_nbcc.helpers import build_index
+
+    uri = str(tmp_path / "t")
+    t = new_table(uri)
+    for ts in range(1, 7):
+        t.write(batch(range(ts, ts + 4), ts))
+    first = indexing.schedule(t.storage, t.clock, [FILES, KEY_FILTERS])
+    real = indexing.index_instants
+
+    def then_dropped(storage, kinds, instants, indexed=None):
+        done = real(storage, kinds, instants, indexed)
+        t.drop_index(KEY_FILTERS)  # cancels the run; files keeps its entries, still building
+        return done
+
+    monkeypatch.setattr(indexing, "index_instants", then_dropped)
+    with pytest.raises(nbcc.CommitError, match="cancelled"):
+        indexing.run(t.storage, t.clock, first)
+    monkeypatch.setattr(indexing, "index_instants", real)
+    assert markers(t, FILES) == completed_instants(t) and not markers(t, KEY_FILTERS)
+    mdt = open_metadata_table(t.storage)
+    before = {i.instant for i in mdt.timeline()}
+    assert set(build_index(_LocalSpark(), uri, [FILES, KEY_FILTERS])["ready"]) == {FILES, KEY_FILTERS}
+    written = [i for i in Timeline.load(mdt.storage).completed() if i.action == "deltacommit" and i.instant not in before]
+    metas = read_commit_metadatas(mdt.storage, written)
+    kinds_written = {i: {f["partition"] for f in metas[i.instant]["files"]} for i in written}
+    assert kinds_written and all(k == {"kind=key_filters"} for k in kinds_written.values()), kinds_written
+    same_both_ways(t, (FILES, KEY_FILTERS), filter=[("id", "=", 5)])
+
+
 # -- Spark --------------------------------------------------------------------------------------------
 
 def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tmp_path):

@@ -9,8 +9,9 @@ What a reader takes from it, and why the result is the same as from the timeline
   readable state needs (format.md §18.5).
 - `column_stats` and `key_filters`: an entry describes the file's own content, so it is right
   whenever that file is read; a file without one is "unknown" (kept).
-The merged rows of each kind are cached per process by the metadata table's file list (files
-never change), so planning again costs two timeline listings.
+The merged rows of each kind are cached per process and per table by the metadata table's file
+list (files never change), so planning again costs two timeline listings, however many tables
+the process reads.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import json
 import logging
 import threading
 from collections import OrderedDict, defaultdict
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -32,9 +33,33 @@ from .timeline import COMPACTION_COMMIT, Instant, Timeline, read_commit_metadata
 
 log = logging.getLogger(__name__)
 
-_CACHE: "OrderedDict[tuple, Any]" = OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_CACHE_SIZE = 64  # merged kinds and files of the metadata table
+_CACHE_TABLES = 256  # metadata tables cached at once (least recently read dropped)
+
+
+class _TableCache:
+    """What one metadata table's reads keep: per kind and column subset, the merged rows of the
+    latest file list read and the files of that list. Only the latest is kept: older lists are
+    superseded (a reader still planning one just reads again), so the cache of a table never
+    outgrows its snapshot, and no other table's reads evict it."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[tuple, tuple[tuple, _Kind]] = {}  # (kind, columns) -> (file list, rows)
+        self.files: dict[tuple, dict[str, pa.Table]] = {}  # (partition, columns) -> name -> rows
+
+
+_TABLES: "OrderedDict[str, _TableCache]" = OrderedDict()
+
+
+def _table_cache(uri: str) -> _TableCache:
+    with _CACHE_LOCK:
+        cache = _TABLES.get(uri)
+        if cache is None:
+            cache = _TABLES[uri] = _TableCache()
+            while len(_TABLES) > _CACHE_TABLES:
+                _TABLES.popitem(last=False)
+        _TABLES.move_to_end(uri)
+        return cache
 
 
 class _Kind:
@@ -85,20 +110,6 @@ def indexed_instants(mdt: Any, kinds: Iterable[str]) -> dict[str, set[str]]:
     return {k: set(v.markers) for k, v in read.items()}
 
 
-def _cached(key: tuple, make: Callable[[], Any], size: int) -> Any:
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _CACHE.move_to_end(key)
-            return hit
-    hit = make()
-    with _CACHE_LOCK:
-        _CACHE[key] = hit
-        while len(_CACHE) > size:
-            _CACHE.popitem(last=False)
-    return hit
-
-
 def _recent(mdt: Any, kinds: Iterable[str]) -> Timeline:
     """The part of the metadata table's timeline that its latest snapshot of `kinds` depends on.
 
@@ -133,25 +144,33 @@ def _read_kinds(mdt: Any, kinds: Iterable[str], columns: Iterable[str] | None = 
     plan = plan_scan(storage, config, ReadOptions(use_metadata_table=False), _recent(mdt, kinds))
     schema = plan.schema if columns is None else pa.schema([plan.schema.field(c) for c in columns])
     names = tuple(schema.names) + (COMMIT_TIME_COL, IS_DELETED_COL)
+    cache = _table_cache(mdt.uri)
     out = {}
     for kind in kinds:
-        tasks = [t for t in plan.tasks if t.partition == f"kind={kind}"]
-
-        def merged() -> _Kind:
-            parts = []
-            for t in tasks:
-                files = [_cached((mdt.uri, t.partition, n, names),
-                                 lambda n=n, t=t: read_columns(storage, t.partition, [n], names).select(names),
-                                 _CACHE_SIZE) for n in t.files]
-                rows = pa.concat_tables(files) if files else None
-                if rows is not None and not t.merged_already:  # files in log order: merge by key
-                    rows = merge_records(rows, config.record_key, None, config.merge_mode)
-                if rows is not None:
-                    parts.append(rows.select(schema.names))
-            return _Kind(pa.concat_tables(parts) if parts else schema.empty_table())
-
-        key = (mdt.uri, kind, tuple(schema.names), tuple((t.file_group_id, t.files) for t in tasks))
-        out[kind] = _cached(key, merged, _CACHE_SIZE)
+        partition = f"kind={kind}"
+        tasks = [t for t in plan.tasks if t.partition == partition]
+        slot, file_list = (kind, names), tuple((t.file_group_id, t.files) for t in tasks)
+        with _CACHE_LOCK:
+            hit = cache.kinds.get(slot)
+            known = dict(cache.files.get((partition, names), {}))
+        if hit is not None and hit[0] == file_list:
+            out[kind] = hit[1]
+            continue
+        parts = []
+        for t in tasks:
+            for n in t.files:
+                if n not in known:  # only files new since the list read last
+                    known[n] = read_columns(storage, t.partition, [n], names).select(names)
+            rows = pa.concat_tables([known[n] for n in t.files]) if t.files else None
+            if rows is not None and not t.merged_already:  # files in log order: merge by key
+                rows = merge_records(rows, config.record_key, None, config.merge_mode)
+            if rows is not None:
+                parts.append(rows.select(schema.names))
+        out[kind] = _Kind(pa.concat_tables(parts) if parts else schema.empty_table())
+        listed = {n for t in tasks for n in t.files}
+        with _CACHE_LOCK:
+            cache.kinds[slot] = (file_list, out[kind])
+            cache.files[(partition, names)] = {n: v for n, v in known.items() if n in listed}
     return out
 
 
@@ -197,7 +216,7 @@ class MetadataIndex:
         r = {c: kind.rows.column(c)[i].as_py() for c in ("columns", "mins", "maxs", "nulls", "ranges")}
         out = {}
         for col, lo, hi, nulls, ranged in zip(r["columns"], r["mins"], r["maxs"], r["nulls"], r["ranges"]):
-            st: dict[str, Any] = {"nulls": nulls}
+            st: dict[str, Any] = {} if nulls is None else {"nulls": nulls}  # null: not recorded
             if ranged:
                 st["min"], st["max"] = _value(lo, types.get(col)), _value(hi, types.get(col))
             out[col] = st
@@ -227,21 +246,28 @@ def _value(text: str | None, t: pa.DataType | None) -> Any:
 def load_index(storage: Storage, use: bool | None, kinds: Iterable[str] = (FILES,)) -> MetadataIndex | None:
     """The ready partitions among `kinds`, read; None if there are none (or `use` is False), in
     which case the reader goes by the timeline alone. A metadata table that cannot be read (its
-    cleaner deleted a file this read planned to open) is read again once, then left out."""
+    cleaner deleted a file this read planned to open) is read again once, then left out; one
+    that fails otherwise (a corrupt file, a storage error) is left out at once: it is only an
+    optimisation, and the timeline answers every read without it."""
     if use is False:
         return None
     ready = {k for k, v in read_states(storage).items() if v == READY}
     wanted = [k for k in kinds if k in ready]
     if not wanted:
         return None
-    mdt = open_metadata_table(storage)
-    if mdt is None:
-        return None
     for attempt in (1, 2):
         try:
-            return MetadataIndex(_read_kinds(mdt, wanted))
+            mdt = open_metadata_table(storage)
+            return None if mdt is None else MetadataIndex(_read_kinds(mdt, wanted))
         except (DataFileError, FileNotFoundError) as exc:
             if attempt == 2:
-                log.warning("the metadata table of %s could not be read (%s); planning from the timeline",
-                            storage.uri, exc)
+                _fall_back(storage, exc)
+        except Exception as exc:  # noqa: BLE001 - reading again would fail the same way
+            _fall_back(storage, exc)
+            break
     return None
+
+
+def _fall_back(storage: Storage, exc: BaseException) -> None:
+    log.warning("the metadata table of %s could not be read (%s: %s); planning from the timeline",
+                storage.uri, type(exc).__name__, exc)

@@ -186,6 +186,9 @@ def catch_up(storage: Storage, ti: str, plan: dict[str, Any], timeout_s: float =
     deadline = time.monotonic() + timeout_s
     pause, done = 0.02, 0
     while True:
+        # Each round, not only before writing: a run with nothing to index would otherwise
+        # wait out its timeout for writes although a drop cancelled it.
+        _check_cancelled(storage, ti)
         timeline = Timeline.load(storage)  # before the markers: an instant indexed before it
         indexed = indexed_instants(mdt, kinds)  # completed is then among them
         missing = [i.instant for i in timeline.completed()
@@ -229,7 +232,8 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
     return ready
 
 
-Execute = Callable[[Sequence[str], list[list[str]]], None]  # (partitions, chunks): index them
+# (partitions, chunks, indexed: kind -> instants covered already): index the chunks
+Execute = Callable[[Sequence[str], list[list[str]], dict[str, set[str]]], None]
 
 
 def run(storage: Storage, clock: TimeGenerator, ti: str, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -246,7 +250,7 @@ def run(storage: Storage, clock: TimeGenerator, ti: str, timeout_s: float = DEFA
     _check_cancelled(storage, ti)  # after the put: removes the inflight file if the drop came first
     chunks, indexed = base_work(storage, plan)
     if execute is not None and chunks:
-        execute(plan["partitions"], chunks)
+        execute(plan["partitions"], chunks, indexed)
     else:
         for n, chunk in enumerate(chunks, 1):
             _check_cancelled(storage, ti)

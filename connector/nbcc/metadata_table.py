@@ -178,6 +178,12 @@ def _text(value: Any) -> str | None:
     return str(value)
 
 
+def _count(value: Any) -> int | None:
+    """A null count; None (null) when the writer did not record one: unknown, not zero, or an
+    `is_null` filter would skip files holding nulls."""
+    return None if value is None else int(value)
+
+
 def entries(storage: Storage, metadata: Mapping[str, Any], kinds: Sequence[str]) -> list[dict[str, Any]]:
     """The rows that index one completed (or completing) instant: its markers and, per kind, one
     row per file. `key_filters` reads each file's record keys; a file that is gone (cleaned
@@ -199,7 +205,7 @@ def entries(storage: Storage, metadata: Mapping[str, Any], kinds: Sequence[str])
             st = [f["stats"][c] for c in cols]
             out.append({**base, "kind": COLUMN_STATS, "columns": cols,
                         "mins": [_text(s.get("min")) for s in st], "maxs": [_text(s.get("max")) for s in st],
-                        "nulls": [int(s.get("nulls", 0)) for s in st], "ranges": ["min" in s for s in st]})
+                        "nulls": [_count(s.get("nulls")) for s in st], "ranges": ["min" in s for s in st]})
         if KEY_FILTERS in kinds:
             try:
                 keys = read_columns(storage, f["partition"], [f["name"]], [RECORD_KEY_COL]).column(RECORD_KEY_COL)
@@ -363,12 +369,13 @@ def upkeep(mdt: Any, force: bool = False) -> None:
     try:
         timeline = Timeline.load(mdt.storage)
         pending = [i.instant for i in timeline.pending() if i.action == COMPACTION]
-        if pending and not force:
-            return  # another writer is compacting it (or crashed doing so: a service finishes it)
-        for tc in pending:
-            mdt.run_compaction(tc)
-        if delta_commits_since_compaction(timeline) >= (1 if force else COMPACT_EVERY):
-            mdt.compact()
+        # A pending compaction: another writer is compacting it (or crashed doing so: a service
+        # finishes it), so only compacting waits; cleaning and archival go on (format.md §18.7).
+        if force or not pending:
+            for tc in pending:
+                mdt.run_compaction(tc)
+            if delta_commits_since_compaction(timeline) >= (1 if force else COMPACT_EVERY):
+                mdt.compact()
         if force or sum(1 for i in timeline.instants if not i.archived) > ARCHIVE_ABOVE:
             mdt.clean(retain_commits=RETAIN_COMMITS)  # archival goes up to the window it retains
             mdt.archive(retain_commits=RETAIN_COMMITS)

@@ -88,6 +88,7 @@ class Timeline:
             if cur is None or _STATE_RANK[it.state] > _STATE_RANK[cur.state]:
                 best[it.instant] = it
         self.instants: list[Instant] = sorted(best.values(), key=lambda i: i.instant)
+        self._by_instant = best  # get() in O(1): callers look up every instant of long timelines
 
     @classmethod
     def load(cls, storage: Storage) -> "Timeline":
@@ -111,10 +112,7 @@ class Timeline:
         return {i.instant: i.completion for i in self.instants}
 
     def get(self, instant: str) -> Instant | None:
-        for i in self.instants:
-            if i.instant == instant:
-                return i
-        return None
+        return self._by_instant.get(instant)
 
     def latest_completion(self) -> str | None:
         done = self.completed()

@@ -132,9 +132,12 @@ def build_index(spark: SparkSession, uri: str, partitions: str | Sequence[str] =
     table = Table.open(uri, storage_options)
     storage = table.storage
 
-    def execute(kinds: Sequence[str], chunks: list[list[str]]) -> None:
+    def execute(kinds: Sequence[str], chunks: list[list[str]], indexed: dict[str, set[str]]) -> None:
         wanted = list(kinds)
-        rdd = spark.sparkContext.parallelize(chunks, len(chunks))
-        rdd.map(lambda chunk: index_instants(storage, wanted, chunk)).collect()
+        # Each task gets what is covered of its own chunk only, and indexes just the partitions
+        # an instant lacks (not every partition again).
+        work = [(chunk, {k: indexed[k] & set(chunk) for k in wanted}) for chunk in chunks]
+        rdd = spark.sparkContext.parallelize(work, len(work))
+        rdd.map(lambda w: index_instants(storage, wanted, w[0], w[1])).collect()
 
     return _build_index(storage, table.clock, partitions, timeout_s, execute=execute)
