@@ -1144,26 +1144,7 @@ def test_dropping_the_partitions_stops_a_catch_up_that_waits_for_writes(tmp_path
     same_both_ways(t, (FILES, KEY_FILTERS), filter=[("id", "=", 30)])
 
 
-class _LocalSpark:
-    """What build_index asks of a SparkSession, run in this process: a list, mapped."""
-
-    class _Rdd:
-        def __init__(self, items):
-            self.items = list(items)
-
-        def map(self, f):
-            return _LocalSpark._Rdd(f(x) for x in self.items)
-
-        def collect(self):
-            return self.items
-
-    class sparkContext:  # noqa: N801 - SparkSession's attribute
-        @staticmethod
-        def parallelize(items, slices):
-            return _LocalSpark._Rdd(items)
-
-
-def test_distributed_build_tasks_index_only_the_partitions_an_instant_lacks(tmp_path, monkeypatch):
+def test_distributed_build_tasks_index_only_the_partitions_an_instant_lacks(spark, tmp_path, monkeypatch):
     """A build of [files, key_filters] after an earlier one wrote the `files` entries of every
     instant (then its key_filters were dropped): its tasks write only key_filters entries."""
     import nbcc.indexing as indexing
@@ -1188,7 +1169,7 @@ def test_distributed_build_tasks_index_only_the_partitions_an_instant_lacks(tmp_
     assert markers(t, FILES) == completed_instants(t) and not markers(t, KEY_FILTERS)
     mdt = open_metadata_table(t.storage)
     before = {i.instant for i in mdt.timeline()}
-    assert set(build_index(_LocalSpark(), uri, [FILES, KEY_FILTERS])["ready"]) == {FILES, KEY_FILTERS}
+    assert set(build_index(spark, uri, [FILES, KEY_FILTERS])["ready"]) == {FILES, KEY_FILTERS}
     written = [i for i in Timeline.load(mdt.storage).completed() if i.action == "deltacommit" and i.instant not in before]
     metas = read_commit_metadatas(mdt.storage, written)
     kinds_written = {i: {f["partition"] for f in metas[i.instant]["files"]} for i in written}
