@@ -5,8 +5,8 @@
         --conf spark.nbcc.path=/data/orders examples/compact.py
 
 Job settings: spark.nbcc.path (required), spark.nbcc.instant (re-run a scheduled compaction, e.g.
-after a crash), spark.nbcc.schedule_only (true: only schedule); spark.nbcc.storage.* go to
-fsspec. Compactions left pending by a crashed run are finished first. The write options and
+after a crash), spark.nbcc.schedule_only (true: only schedule); spark.nbcc.storage.* are S3
+options. Compactions left pending by a crashed run are finished first. The write options and
 examples/ingest.py's settings that a shared properties file may set (record_key, buckets, ...,
 input, mode) are ignored; any other spark.nbcc.* name fails the job, as a likely typo.
 """
@@ -47,7 +47,7 @@ def job_settings(options: dict[str, str]) -> tuple[str, str | None, bool, dict[s
     if unknown:
         sys.exit(f"unknown setting(s) {', '.join('spark.nbcc.' + k for k in unknown)}: no nbcc option has this "
                  f"name. This job reads spark.nbcc.{', spark.nbcc.'.join(JOB_SETTINGS)} and "
-                 "spark.nbcc.storage.<fsspec option>, and ignores write options")
+                 "spark.nbcc.storage.<S3 option>, and ignores write options")
     return path, instant, schedule_only == "true", storage
 
 

@@ -21,7 +21,7 @@ the list of valid options (spark_conf/nbcc-defaults.conf documents each, with it
     max_log_file_bytes                    roll a log file over past this size
     compaction_delta_commits, compaction_inline   schedule a compaction after every N delta
                                           commits (and run it in this job too if inline is true)
-    storage.*                             fsspec options, e.g. storage.endpoint_url for S3
+    storage.*                             S3 options, e.g. storage.endpoint_url
 """
 
 from __future__ import annotations

@@ -158,8 +158,8 @@ class _SlowFirstPut(Storage):
 
     delay_s = 0.0
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
-        created = super().put_if_absent(rel, data, durable)
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
+        created = super().put_if_absent(rel, data, durable, deadline)
         if self.delay_s:
             time.sleep(self.delay_s)
             self.delay_s = 0.0
@@ -173,9 +173,9 @@ class _RecordingPuts(Storage):
         super().__init__(uri)
         self.durability: list[tuple[bool, bool]] = []
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
         self.durability.append((json.loads(data).get("holder") is not None, durable))
-        return super().put_if_absent(rel, data, durable)
+        return super().put_if_absent(rel, data, durable, deadline)
 
 
 def test_every_lock_state_that_issues_a_time_is_durable_and_releases_need_not_be(memory_uri):
@@ -246,10 +246,10 @@ class _SlowListing(Storage):
             time.sleep(self.delay_s)
         return super().list_names(rel_dir, prefix)
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
         if "/timeline/" in rel:
             time.sleep(self.put_delay_s)
-        return super().put_if_absent(rel, data, durable)
+        return super().put_if_absent(rel, data, durable, deadline)
 
 
 def _pending(st: Storage, instant: str) -> None:
@@ -437,3 +437,12 @@ def test_a_dead_holder_blocks_others_only_until_its_lease_expires(local_table):
     with gen.locked() as grant:
         assert grant.time > after
     assert TimeGenerator(Storage(uri), lease_ms=lease_ms, timeout_ms=30_000).new_instant() > grant.time
+
+
+def test_a_waiter_opened_with_a_shorter_lease_waits_out_the_holders(memory_uri, monkeypatch):
+    # A TimeGenerator opened with another lease than the table's (a tool given the default)
+    # must not take over a holder early: the state records the holder's lease.
+    holder = TimeGenerator(Storage(memory_uri), lease_ms=3_000)
+    _take_with_clock_off_by(holder, 0, monkeypatch)
+    with pytest.raises(LockTimeoutError):
+        TimeGenerator(Storage(memory_uri), lease_ms=1000, timeout_ms=2_000).new_instant()

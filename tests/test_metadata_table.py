@@ -1215,3 +1215,28 @@ def test_spark_reads_the_same_rows_with_and_without_the_metadata_table(spark, tm
         assert spark_rows(df.where("id = 77")) == rows(t.read(filter=[("id", "=", 77)], use_metadata_table=False))
         with pytest.raises(Exception, match="use_metadata_table.*true or false"):
             spark.read.format("nbcc").option("use_metadata_table", "sometimes").load(uri).collect()
+
+
+def test_an_indexing_run_that_stalled_through_its_cancellation_and_archival_marks_nothing_ready(tmp_path):
+    """A run of Ti stalls; a drop cancels Ti, archival moves its mark into the history, and a new
+    indexing Ti2 of the same partition is scheduled. The stalled run must neither mark the
+    partition ready (Ti2 has not built it) nor complete Ti."""
+    import nbcc.indexing as indexing
+
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    t = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1)
+    t.write(pa.table({"id": [1], "ts": [1]}, schema=schema))
+    ti = indexing.schedule(t.storage, t.clock, [COLUMN_STATS])
+    plan = indexing.plan_of(t.storage, ti)  # what the stalled run holds
+    t.drop_index(COLUMN_STATS)
+    for k in range(3):
+        t.write(pa.table({"id": [10 + k], "ts": [1]}, schema=schema))
+    t.archive(retain_commits=1)
+    assert [(i.state, i.archived) for i in t.timeline() if i.instant == ti] == [("rolledback", True)]
+    ti2 = indexing.schedule(t.storage, t.clock, [COLUMN_STATS])
+    for step in (lambda: indexing._check_cancelled(t.storage, ti), lambda: indexing.complete(t.storage, t.clock, ti, plan)):
+        with pytest.raises(nbcc.CommitError, match="cancelled"):
+            step()
+    assert read_states(t.storage, dropping=True) == {COLUMN_STATS: "building"}
+    assert [i.state for i in t.timeline() if i.instant == ti2] == ["requested"]
+    assert [(i.state, i.archived) for i in t.timeline() if i.instant == ti] == [("rolledback", True)]

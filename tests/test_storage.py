@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+import time
 
 import aiohttp
 import botocore.exceptions
@@ -320,6 +321,19 @@ def test_a_put_whose_name_is_freed_again_puts_again(memory_uri):
     assert plain(st).read_bytes("lock/1.json") == b"mine"
 
 
+@pytest.mark.parametrize("when", [BEFORE, AFTER])
+def test_a_put_under_the_lock_is_not_retried_past_its_deadline(faulty, when):
+    # Under the table lock a write may only start while the lease allows (LockGrant.deadline):
+    # a retry after it could land once another process took the lock over.
+    faulty.faults.plan("put", when)
+    with pytest.raises(StorageError, match="failed 1 time .* and was not tried again: the table lock") as err:
+        faulty.put_if_absent("meta/a.json", b"mine", deadline=time.monotonic())
+    assert faulty.faults.calls["put"] == 1
+    if when == AFTER:  # the reply was lost: the error says the put may have taken effect
+        assert "an attempt may have created the file" in str(err.value)
+        assert plain(faulty).read_bytes("meta/a.json") == b"mine"
+
+
 @pytest.mark.parametrize("op, call", [
     ("read", lambda st: st.read_bytes("meta/a.json")),
     ("list", lambda st: st.list_names("meta")),
@@ -568,11 +582,15 @@ def test_an_unknown_s3_storage_option_is_an_error_that_lists_the_valid_ones(s3_t
         Storage(uri, {**opts, "regoin_name": "eu-west-1"})
 
 
-def test_storage_options_for_a_local_or_memory_table_are_an_error(tmp_path, memory_uri):
+def test_a_local_or_memory_table_ignores_s3_options_and_refuses_unknown_ones(tmp_path, memory_uri):
+    # One job's settings (a properties file) often serve S3 and local tables alike.
+    schema = pa.schema([("id", pa.int64())])
     for uri in (str(tmp_path / "t"), memory_uri):
-        with pytest.raises(InvalidOptionError, match=r"storage options \['key'\] given for .* takes none"):
-            nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options={"key": "k"})
-    assert not (tmp_path / "t").exists()
+        table = nbcc.Table.create(uri, schema, "id", storage_options={"endpoint_url": "http://127.0.0.1:1", "key": "k"})
+        table.write(pa.table({"id": [1]}))
+        assert nbcc.Table.open(uri, {"endpoint_url": "http://127.0.0.1:1"}).read().num_rows == 1
+        with pytest.raises(InvalidOptionError, match="unknown S3 storage option endpoint; "):
+            nbcc.Table.open(uri, {"endpoint": "http://127.0.0.1:1"})
 
 
 def test_s3_storage_option_values_are_converted_by_what_they_are(s3_table):

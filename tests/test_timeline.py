@@ -164,6 +164,7 @@ def test_an_instant_is_completed_iff_its_completed_file_exists(memory_uri):
     assert Timeline.load(st).completion_times() == {T1: T2}
 
     # Without its completed file the instant is no longer committed.
+    create_requested(st, T3, "deltacommit", {})
     create_inflight(st, T3, "deltacommit", {})
     create_completed(st, T3, _grant(T4), "deltacommit", {"files": []})
     st.delete(f"{TIMELINE}/{T3}_{T4}.deltacommit")
@@ -295,3 +296,13 @@ def test_processes_that_read_the_archived_timeline_exit_cleanly(tmp_path):
     for _ in range(8):
         out = subprocess.run([sys.executable, "-c", child, uri], capture_output=True, text=True, timeout=120)
         assert (out.returncode, out.stderr) == (0, "")
+
+
+def test_an_instant_whose_requested_file_is_gone_cannot_complete(memory_uri):
+    # Rollback and archival delete the requested file; a writer that stalled through them can
+    # put its inflight file again, which must not make the instant completable.
+    st = Storage(memory_uri)
+    create_inflight(st, T1, "deltacommit", {})
+    with pytest.raises(CommitError, match=f"instant {T1} is not pending on the timeline"):
+        create_completed(st, T1, _grant(T2), "deltacommit", {"files": []})
+    assert Timeline.load(st).get(T1).state == "inflight"

@@ -24,7 +24,7 @@ Usage:
 
 Times (T, INSTANT) are 17-digit instant times (yyyyMMddHHmmssSSS, UTC); `--as-of` also takes an
 ISO-8601 timestamp. `--storage-option KEY=VALUE` (repeatable, before or after the command) passes
-fsspec options, e.g. for S3:
+S3 options (those of s3fs.S3FileSystem), e.g.:
 
     nbcc timeline s3://bucket/table --storage-option endpoint_url=http://127.0.0.1:9000 \\
         --storage-option key=ACCESS_KEY --storage-option secret=SECRET_KEY
@@ -312,7 +312,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-_STORAGE_HELP = ("an fsspec storage option for the table's filesystem, e.g. endpoint_url=http://host:9000, "
+_STORAGE_HELP = ("an S3 storage option (one of s3fs.S3FileSystem's), e.g. endpoint_url=http://host:9000, "
                  "key=..., secret=... for S3 (repeatable)")
 
 

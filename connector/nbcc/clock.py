@@ -97,12 +97,14 @@ class LockState:
     holder: str | None
     lease_until_ms: int
     last_time_ms: int
+    lease_ms: int = 0  # the holder's lease (0: not recorded, or free)
 
     def is_free(self, watched_ms: float, lease_ms: int) -> bool:
         """Free, or held by a holder whose lease ran out: this process has seen this very state
-        as the current one for `watched_ms`, at least a lease. The holder counts its lease from
-        before its swap, so it stops writing (`LockGrant.check`) well before."""
-        return self.holder is None or watched_ms >= lease_ms
+        as the current one for `watched_ms`, at least a lease (the holder's, if longer than this
+        process's `lease_ms`). The holder counts its lease from before its swap, so it stops
+        writing (`LockGrant.check`) well before."""
+        return self.holder is None or watched_ms >= max(lease_ms, self.lease_ms)
 
 
 @dataclass
@@ -130,6 +132,12 @@ class LockGrant:
     @property
     def held_ms(self) -> float:
         return (time.monotonic() - self._acquired_mono) * 1000
+
+    @property
+    def deadline(self) -> float:
+        """The `time.monotonic()` after which no write made under this grant may start (nor be
+        retried): half the lease, as `check` allows."""
+        return self._acquired_mono + self.lease_ms / 2000
 
     def check(self) -> None:
         """Raise unless well inside the lease. Called right before the critical write, so a
@@ -191,7 +199,7 @@ class TimeGenerator:
             except FileNotFoundError:
                 continue  # collected between list and read: list again
             return LockState(int(raw["seq"]), raw.get("holder"), int(raw["lease_until_ms"]),
-                             int(raw["last_time_ms"]))
+                             int(raw["last_time_ms"]), int(raw.get("lease_ms") or 0))
 
     def _swap(self, new: LockState, durable: bool = True) -> bool:
         """Install `new` if the state is still `new.seq - 1`."""
@@ -231,6 +239,7 @@ class TimeGenerator:
                     holder=self.holder_id if take else None,
                     lease_until_ms=now + self.lease_ms if take else 0,
                     last_time_ms=issued,
+                    lease_ms=self.lease_ms if take else 0,
                 )
                 if self._swap(new):
                     return new, (time.monotonic() - start) * 1000, lease_start

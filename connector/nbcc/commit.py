@@ -58,7 +58,7 @@ class WriteTransaction:
             # older instant that may still complete, which bounds what it must keep (§15).
             self.instant = grant.time
             grant.check()
-            create_requested(self.storage, self.instant, self.action, info)
+            create_requested(self.storage, self.instant, self.action, info, grant.deadline)
         heartbeat.beat(self.storage, self.instant)
         create_inflight(self.storage, self.instant, self.action, info)
         return self.instant

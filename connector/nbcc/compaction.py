@@ -84,7 +84,7 @@ def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenera
                 "earliest_pending": min(pending, default=tc)}
         grant.check()
         if not storage.put_if_absent(f"{TIMELINE_DIR}/{tc}.{COMPACTION}.{REQUESTED}",
-                                     json.dumps(plan, sort_keys=True).encode()):
+                                     json.dumps(plan, sort_keys=True).encode(), deadline=grant.deadline):
             raise CommitError(f"compaction {tc} is already scheduled")
     return tc
 

@@ -182,7 +182,7 @@ def parse_options(options: Mapping[str, Any], specs: Mapping[str, OptionSpec], k
         elif low not in SPARK_PATH_OPTIONS:
             unknown.append(key)
     if unknown:
-        valid = ", ".join(sorted(specs)) + (", " if specs else "") + "storage.<fsspec option>"
+        valid = ", ".join(sorted(specs)) + (", " if specs else "") + "storage.<S3 option>"
         raise InvalidOptionError(
             f"unknown {kind} option(s): {', '.join(sorted(unknown))}. Valid {kind} options: {valid}"
         )

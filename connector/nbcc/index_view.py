@@ -34,7 +34,7 @@ from .timeline import COMPACTION_COMMIT, Instant, Timeline, read_commit_metadata
 log = logging.getLogger(__name__)
 
 _CACHE_LOCK = threading.Lock()
-_CACHE_TABLES = 256  # metadata tables cached at once (least recently read dropped)
+_CACHE_TABLES = 32  # metadata tables cached at once (least recently read dropped): a bound on memory
 
 
 class _TableCache:

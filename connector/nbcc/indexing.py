@@ -118,7 +118,7 @@ def schedule(storage: Storage, clock: TimeGenerator, kinds: Sequence[str]) -> st
         write_states(storage, grant, {**states, **{k: BUILDING for k in todo}})
         grant.check()
         if not storage.put_if_absent(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{REQUESTED}",
-                                     json.dumps(plan, sort_keys=True).encode()):
+                                     json.dumps(plan, sort_keys=True).encode(), deadline=grant.deadline):
             raise CommitError(f"indexing {ti} is already scheduled")
     return ti
 
@@ -168,8 +168,12 @@ def base_work(storage: Storage, plan: dict[str, Any]) -> tuple[list[list[str]], 
 
 
 def _check_cancelled(storage: Storage, ti: str) -> None:
-    """Fail if indexing `ti` was cancelled (a drop of one of its partitions)."""
-    if storage.exists(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}"):
+    """Fail if indexing `ti` was cancelled (a drop of one of its partitions; its mark may have
+    been archived since, which leaves its requested file gone)."""
+    names = storage.list_names(TIMELINE_DIR, prefix=ti)
+    if any(n.startswith(f"{ti}_") for n in names):
+        return  # another run completed it: this one finds out at completion
+    if f"{ti}.{INDEXING}.{ROLLEDBACK}" in names or f"{ti}.{INDEXING}.{REQUESTED}" not in names:
         _stop_cancelled(storage, ti)
 
 
@@ -218,7 +222,8 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
         names = storage.list_names(TIMELINE_DIR, prefix=ti)
         if any(n.startswith(f"{ti}_") for n in names):
             return []  # another run completed it
-        cancelled = f"{ti}.{INDEXING}.{ROLLEDBACK}" in names
+        # A cancelled run's mark may have been archived since: its requested file is gone then.
+        cancelled = (f"{ti}.{INDEXING}.{ROLLEDBACK}" in names or f"{ti}.{INDEXING}.{REQUESTED}" not in names)
         if not cancelled:
             states = read_states(storage, dropping=True)  # kept whole: a drop may be under way
             ready = [k for k in plan["partitions"] if states.get(k) == BUILDING]  # not dropped since
@@ -316,7 +321,8 @@ def drop_index(storage: Storage, clock: TimeGenerator, partitions: Iterable[str]
         for ti in cancelled:  # its run then fails to complete; other partitions it built stay building
             grant.check()
             mark = {"instant": ti, "rolled_back_at": grant.time, "reason": f"dropped {', '.join(kinds)}"}
-            storage.put_if_absent(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}", json.dumps(mark).encode())
+            storage.put_if_absent(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}", json.dumps(mark).encode(),
+                                  deadline=grant.deadline)
         dropped = [k for k in kinds if k in states]
         # "dropping" until every row is deleted: removed now, a build scheduled before the
         # deletion would read the old markers, skip the instants they cover and become ready

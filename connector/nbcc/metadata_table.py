@@ -121,7 +121,7 @@ def write_states(storage: Storage, grant: LockGrant, states: Mapping[str, str]) 
     else:
         doc.pop(STATE_KEY, None)
     grant.check()
-    storage.replace(TABLE_CONFIG_PATH, json.dumps(doc, indent=2).encode())
+    storage.replace(TABLE_CONFIG_PATH, json.dumps(doc, indent=2).encode(), deadline=grant.deadline)
 
 
 def active_kinds(storage: Storage) -> list[str]:

@@ -62,7 +62,7 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
             grant.check()
             mark = {"instant": instant, "rolled_back_at": grant.time, "reason": reason}
             storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{inst.action}.{ROLLEDBACK}",
-                                  json.dumps(mark).encode())
+                                  json.dumps(mark).encode(), deadline=grant.deadline)
     doomed = {(f["partition"], f["name"]) for f in files}
     for part in partition_folders(storage, partition_depth):
         for name in storage.list_names(part):

@@ -98,6 +98,10 @@ def is_transient(exc: BaseException) -> bool:
     return _is_conditional_conflict(exc)
 
 
+class _PastDeadline(Exception):
+    """A retry would start past the caller's deadline (see Storage._retry)."""
+
+
 class _TakenThenFreed(Exception):
     """put-if-absent found its name taken, but the file was gone when read: put again."""
 
@@ -150,15 +154,11 @@ def _coerce(name: str, value: Any) -> Any:
 
 def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
     """The fsspec options for `uri`: checked (an unknown name is an error, not ignored) and
-    coerced. On S3, fsspec's listing cache is off unless asked for: it never expires, so a
+    coerced; a table not on S3 takes none, and ignores S3 options. On S3, fsspec's listing cache is off unless asked for: it never expires, so a
     long-lived process would go on missing files that other processes committed."""
-    protocol = fsspec.utils.get_protocol(uri)
-    if protocol not in ("s3", "s3a"):
-        if options:
-            raise InvalidOptionError(
-                f"storage options {sorted(options)} given for {uri!r}, whose storage takes none; "
-                "storage options are for S3 (s3://) tables")
-        return {}
+    s3 = fsspec.utils.get_protocol(uri) in ("s3", "s3a")
+    if not options:
+        return {"use_listings_cache": False} if s3 else {}
     try:
         valid = _s3_option_names()
     except ImportError as exc:
@@ -168,6 +168,10 @@ def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
         raise InvalidOptionError(
             f"unknown S3 storage option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the options "
             f"are those of s3fs.S3FileSystem: {', '.join(sorted(valid))}")
+    if not s3:
+        # One job's settings often serve S3 and local tables alike: S3 options mean nothing here.
+        log.debug("storage options %s ignored: %s is not on S3", sorted(options), uri)
+        return {}
     opts = {name: _coerce(name, value) for name, value in options.items()}
     region = opts.pop("region_name", None)
     if region is not None:  # s3fs takes it only inside client_kwargs
@@ -218,11 +222,22 @@ class Storage:
 
     def _retry(self, what: str, path: str, call: Callable[[], _T],
                retry_on: Callable[[BaseException], bool] = is_transient,
-               outcome: Callable[[], str] = lambda: "") -> _T:
+               outcome: Callable[[], str] = lambda: "", deadline: float | None = None) -> _T:
         """`call()`, again after each transient error; StorageError once the attempts run out
-        (`outcome()` then says what may have happened)."""
+        (`outcome()` then says what may have happened), or when a retry would start at or after
+        `deadline` (a `time.monotonic()` value: a write under the table lock must not start once
+        the lock may have been taken over)."""
+        attempts = 0
+
+        def attempt() -> _T:
+            nonlocal attempts
+            if attempts and deadline is not None and time.monotonic() >= deadline:
+                raise _PastDeadline()
+            attempts += 1
+            return call()
+
         try:
-            return call()  # the common case, without building the retry machinery
+            return attempt()  # the common case, without building the retry machinery
         except Exception as exc:
             if not retry_on(exc):
                 self._raise_if_misconfigured(exc, what, path)
@@ -240,14 +255,20 @@ class Storage:
                 reraise=True,
             )
             try:
-                return retrying(call)
+                return retrying(attempt)
+            except _PastDeadline:
+                raise StorageError(
+                    f"{what} {path} failed {attempts} time{'s' if attempts > 1 else ''} "
+                    f"({type(error).__name__}: {error}) and was not tried again: the table lock it was "
+                    f"made under may have been taken over by now{outcome()}. Retry the operation."
+                ) from error
             except Exception as exc:
                 if not retry_on(exc):
                     self._raise_if_misconfigured(exc, what, path)
                     raise
                 error = exc
         raise StorageError(
-            f"{what} {path} failed {self.RETRY_ATTEMPTS} times in a row "
+            f"{what} {path} failed {attempts} times in a row "
             f"({type(error).__name__}: {error}); the storage is unreachable or overloaded{outcome()}. "
             "Retry the operation later."
         ) from error
@@ -271,7 +292,7 @@ class Storage:
 
     # -- metadata primitives ---------------------------------------------------------------
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True) -> bool:
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
         """Create `rel` holding `data` if no object has that name. True if this call created it.
 
         `data` must be content that no other caller would put under this name (nbcc's files
@@ -313,7 +334,8 @@ class Storage:
             return own
 
         return self._retry("put-if-absent", path, attempt, retry_on=_retryable,
-                           outcome=lambda: "; an attempt may have created the file" if uncertain else "")
+                           outcome=lambda: "; an attempt may have created the file" if uncertain else "",
+                           deadline=deadline)
 
     def _put_once(self, path: str, data: bytes, durable: bool = True) -> bool:
         if self.is_local:
@@ -351,14 +373,14 @@ class Storage:
             _fsync_created(path)
         return True
 
-    def replace(self, rel: str, data: bytes, durable: bool = True) -> None:
+    def replace(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> None:
         """Write `rel` whole, replacing what was there; readers see the old or the new content,
         never a torn one (local: temporary file and rename; S3: one PUT). On local disk the new
         content survives a power failure once this returns; with `durable=False` a power
         failure may leave the old content or an empty file (heartbeats, which read both as
         "no recent beat")."""
         path = self.full_path(rel)
-        self._retry("replace", path, lambda: self._replace_once(path, data, durable))
+        self._retry("replace", path, lambda: self._replace_once(path, data, durable), deadline=deadline)
 
     def _replace_once(self, path: str, data: bytes, durable: bool = True) -> None:
         if self.is_local:

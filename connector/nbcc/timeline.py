@@ -183,8 +183,10 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
-def create_requested(storage: Storage, instant: str, action: str, info: dict[str, Any]) -> None:
-    if not storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{action}.{REQUESTED}", _json(info)):
+def create_requested(storage: Storage, instant: str, action: str, info: dict[str, Any],
+                     deadline: float | None = None) -> None:
+    """`deadline`: the lock grant's, when made under the table lock (Storage._retry)."""
+    if not storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{action}.{REQUESTED}", _json(info), deadline=deadline):
         raise CommitError(f"instant {instant} already exists on the timeline")
 
 
@@ -215,11 +217,12 @@ def create_completed(storage: Storage, instant: str, grant: LockGrant, action: s
     # rollback can still put its inflight file afterwards).
     pending_action = COMPACTION if action == COMPACTION_COMMIT else action
     if f"{instant}.{pending_action}.{REQUESTED}" not in names:
+        again = "; write the data again" if action in DATA_ACTIONS else ""
         raise CommitError(f"instant {instant} is not pending on the timeline (its requested file is gone: "
-                          "it was rolled back, and its mark archived); write the data again")
+                          f"it was rolled back, and its mark archived){again}")
     name = f"{instant}_{completion}.{action}"
     grant.check()  # after the listing: the put has the rest of half a lease to land
-    if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata)):
+    if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata), deadline=grant.deadline):
         raise CommitError(f"instant {instant} is already completed")
     grant.published(f"{action} {instant} (completed at {completion})")
     return completion
