@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 from chispa import assert_df_equality
 from pyspark.sql import Row, functions as F
 
@@ -166,6 +167,26 @@ def test_spark_reads_what_the_python_api_wrote(spark, local_table):
     table.write(pa.table({"k": ["y"], "n": pa.array([20], pa.int32())}))
     expected = spark.createDataFrame([("x", 1), ("y", 20), ("z", 3)], "k string, n int")
     assert_df_equality(spark.read.format("nbcc").load(uri), expected, ignore_row_order=True, ignore_nullable=True)
+
+
+def test_spark_reads_nanosecond_times_the_python_api_wrote_as_microseconds(spark, local_table):
+    # pandas and Polars write timestamp[ns]; Spark keeps microseconds and cuts the rest, as its
+    # own sources do (the read used to fail: "would lose data").
+    uri, _ = local_table
+    ns = pa.timestamp("ns", tz="UTC")
+    table = nbcc.Table.create(uri, pa.schema([("k", pa.int64()), ("at", ns), ("took", pa.duration("ns"))]), "k")
+    table.write(pa.table({"k": [1], "at": pa.array([1_700_000_000_123_456_789], ns),
+                          "took": pa.array([1_500_999], pa.duration("ns"))}))
+    (row,) = spark.read.format("nbcc").load(uri).collect()
+    assert row.at == dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=dt.timezone.utc).astimezone().replace(tzinfo=None)
+    assert row.took == dt.timedelta(microseconds=1500)
+
+
+def test_a_column_spark_cannot_read_is_named(spark, local_table):
+    uri, _ = local_table
+    nbcc.Table.create(uri, pa.schema([("k", pa.int64()), ("t", pa.time32("s"))]), "k")
+    with pytest.raises(Exception, match=r"column 't' has type time32\[s\], which Spark cannot read"):
+        spark.read.format("nbcc").load(uri).collect()
 
 
 def test_options_from_conf(spark):

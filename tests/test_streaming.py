@@ -726,8 +726,45 @@ def test_source_from_earliest_after_a_clean_and_an_offset_behind_the_cleaner(spa
 
     # The first stream's offset is before the window the cleaner kept: it fails, and says why.
     query, batches = _collecting_stream(spark, uri, tmp_path / "behind")
-    with pytest.raises(StreamingQueryException, match="before the oldest retained commit"):
+    with pytest.raises(StreamingQueryException,
+                       match=r"the stream's micro-batch \(\d{17}, \d{17}\] reaches before the window the "
+                             r"cleaner retained, which starts at \d{17}.*retain_commits.*new checkpoint"):
         _run(query)
+
+
+def test_source_batches_from_before_a_column_was_added_read_it_as_null(spark, tmp_path):
+    # The stream takes the table's schema when it starts; a micro-batch that ends before the
+    # column was added has rows without it (the query used to fail on every restart).
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 2), range(2, 4))
+    wider = ARROW_SCHEMA.append(pa.field("extra", pa.string()))
+    table.write(pa.table({"id": [4], "v": ["a4"], "ts": [1], "extra": ["x"]}, schema=wider))
+    got: list[tuple[int, list]] = []
+    query = (spark.readStream.format("nbcc").option("max_commits_per_trigger", 1).load(uri).writeStream
+             .foreachBatch(lambda df, b: got.append((b, sorted((r.id, r.extra) for r in df.collect()))))
+             .option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True).start())
+    _run(query)
+    assert got == [(0, [(0, None), (1, None)]), (1, [(2, None), (3, None)]), (2, [(4, "x")])]
+
+
+def test_source_begin_latest_is_fixed_when_first_asked(tmp_path):
+    # Spark asks for the initial offset when it plans the first micro-batch and again when it
+    # runs it: a commit that completes in between must be read, not skipped.
+    from pyspark_nbcc.streaming import stream_reader
+
+    uri = str(tmp_path / "t")
+    table, completions = _table_with_commits(uri, range(0, 5))
+    from pyspark_nbcc.source import _spark_schema
+
+    reader = stream_reader({"path": uri, "begin": "latest"}, _spark_schema(ARROW_SCHEMA))
+    first = reader.initialOffset()
+    assert first == {"completion": completions[-1]}
+    table.write(_rows(range(5, 8), "a"))
+    assert reader.initialOffset() == first
+    end = reader.latestOffset(first, reader.getDefaultReadLimit())
+    parts = reader.partitions(reader.initialOffset(), end)
+    ids = sorted(i for p in parts for b in reader.read(p) for i in b.column("id").to_pylist())
+    assert ids == [5, 6, 7]
 
 
 def test_source_use_metadata_table_option(spark, tmp_path):

@@ -332,4 +332,15 @@ def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta
     else:
         options = ReadOptions(query_type=INCREMENTAL, begin=start, end=end,
                               include_meta_columns=include_meta_columns, use_metadata_table=use_metadata_table)
-    return plan_scan(storage, config, options)
+    try:
+        return plan_scan(storage, config, options)
+    except InvalidOptionError as exc:
+        retained = earliest_retained(storage, Timeline.load(storage))
+        if retained is None or (end if start == BEFORE_ALL else start) >= retained:
+            raise
+        # The stream's own offsets, not the as_of or begin the user never gave, and what to do.
+        raise InvalidOptionError(
+            f"the stream's micro-batch ({start}, {end}] reaches before the window the cleaner retained, "
+            f"which starts at {retained}: the commits it needs were cleaned. Choose retain_commits to "
+            "cover the longest the stream may lag; to go on, start the query from a new checkpoint "
+            f"(its begin option then applies, e.g. begin={retained})") from exc

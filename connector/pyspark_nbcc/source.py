@@ -77,7 +77,42 @@ def _spark_schema(arrow_schema: pa.Schema) -> StructType:
     unsupported = [f"{f.name} ({f.type})" for f in arrow_schema if pa.types.is_unsigned_integer(f.type)]
     if unsupported:
         raise SchemaError(f"Spark has no unsigned integer types; columns {unsupported} cannot be read by Spark")
+    try:
+        return from_arrow_schema(arrow_schema)
+    except Exception:  # noqa: BLE001 - PySpark's message does not say which column
+        pass
+    for f in arrow_schema:
+        try:
+            from_arrow_schema(pa.schema([f]))
+        except Exception as exc:  # noqa: BLE001
+            raise SchemaError(f"column {f.name!r} has type {f.type}, which Spark cannot read ({exc}); "
+                              "read it with the Python API (nbcc.Table.read)") from None
     return from_arrow_schema(arrow_schema)
+
+
+def _sub_microsecond(t: pa.DataType) -> bool:
+    return (pa.types.is_timestamp(t) or pa.types.is_duration(t)) and t.unit == "ns"
+
+
+def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
+    """`rows` in the schema Spark took for the read. Spark checks the first batch's schema
+    exactly (nullability, timestamp[us, tz=UTC]): a column added since Spark took the schema is
+    left out, and one the rows lack (added after the state they were read as of, in a stream's
+    micro-batch) reads as null, as §4.2 says for older files. Nanoseconds are cut to the
+    microseconds Spark keeps, as Spark's own sources do."""
+    columns = []
+    for f in schema:
+        if f.name not in rows.column_names:
+            columns.append(pa.nulls(rows.num_rows, f.type))
+            continue
+        col = rows.column(f.name)
+        if col.type != f.type:
+            try:
+                col = col.cast(f.type, safe=not _sub_microsecond(col.type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise SchemaError(f"column {f.name!r} ({col.type}) cannot be read as Spark's {f.type}: {exc}") from None
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 class DefaultSource(DataSource):
@@ -186,10 +221,7 @@ class NbccReader(DataSourceReader):
         storage = Storage(self.uri, self.storage_options)
         for task in partition.tasks:
             for rows in iter_task(storage, partition.plan, task):
-                # Spark checks the first batch's schema exactly (nullability, timestamp[us, tz=UTC]);
-                # a column added since Spark took the schema is left out.
-                rows = rows.select(self.arrow_schema.names).cast(self.arrow_schema)
-                yield from rows.to_batches(max_chunksize=64 * 1024)
+                yield from to_spark_rows(rows, self.arrow_schema).to_batches(max_chunksize=64 * 1024)
 
 
 class NbccPushdownReader(NbccReader):

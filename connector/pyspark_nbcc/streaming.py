@@ -251,12 +251,17 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.max_partition_bytes = max_partition_bytes
         self.use_metadata_table = use_metadata_table
         self.target: str | None = None  # Trigger.AvailableNow: read nothing that completed later
+        self._initial: str | None = None
 
     def _storage(self) -> Storage:
         return Storage(self.uri, self.storage_options)
 
     def initialOffset(self) -> dict:
-        return {OFFSET_KEY: initial_offset(self._storage(), self.begin)}
+        # Spark asks more than once (planning batch 0, then running it): with begin=latest, a
+        # second answer would skip the commits that completed in between.
+        if self._initial is None:
+            self._initial = initial_offset(self._storage(), self.begin)
+        return {OFFSET_KEY: self._initial}
 
     def getDefaultReadLimit(self) -> ReadLimit:
         # Spark knows only its own limit types; it hands the limit back to latestOffset, which
