@@ -622,3 +622,20 @@ def test_missing_s3_credentials_say_how_to_give_them(s3_table, monkeypatch, tmp_
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(StorageError, match="NoCredentialsError.*give storage options key and secret"):
         nbcc.Table.open(uri, {"endpoint_url": opts["endpoint_url"]})
+
+
+def test_reading_a_small_s3_file_whole_is_one_request(s3_table, monkeypatch):
+    # s3fs asks for the size first (a HEAD) unless its listing cache has it, and nbcc keeps that
+    # cache off: every commit file a plan reads cost two requests.
+    uri, opts = s3_table
+    Storage(uri, opts).put_if_absent(".nbcc/timeline/a.json", b'{"a": 1}')
+    st = Storage(uri, {**opts, "skip_instance_cache": True})
+    calls: list[str] = []
+    real = st.fs._call_s3
+
+    async def counted(method, *args, **kwargs):
+        calls.append(method)
+        return await real(method, *args, **kwargs)
+    monkeypatch.setattr(st.fs, "_call_s3", counted)
+    assert st.read_bytes(".nbcc/timeline/a.json") == b'{"a": 1}'
+    assert calls == ["get_object"]

@@ -404,6 +404,11 @@ class Storage:
         return self._retry("read", path, lambda: self._read_once(path))
 
     def _read_once(self, path: str) -> bytes:
+        if self.is_s3:
+            # One GET. s3fs first asks for the size (a HEAD) to read big files in parallel
+            # ranges; with its listing cache off that doubled the requests of every plan that
+            # reads commit files (nbcc's files read whole are small).
+            return self.fs.cat_file(path, max_concurrency=1)
         return self.fs.cat_file(path)
 
     def list_names(self, rel_dir: str, prefix: str = "") -> list[str]:
