@@ -300,3 +300,16 @@ def test_pack_tasks_fills_every_core_in_the_last_wave():
     assert sizes([50] * 16, 2) == [2] * 8  # 128 MiB at most: 7 groups rounded up to 8
     assert sizes([0.01] * 8, 2) == [8]  # small: one partition
     assert sizes([0] * 3, 2) == [3]
+
+
+def test_spark_reads_nanosecond_times_nested_in_lists_and_structs(spark, local_table):
+    uri, _ = local_table
+    ns = pa.timestamp("ns", tz="UTC")
+    schema = pa.schema([("k", pa.int64()), ("ats", pa.list_(ns)), ("s", pa.struct([("at", ns)]))])
+    table = nbcc.Table.create(uri, schema, "k")
+    at = 1_700_000_000_123_456_789
+    table.write(pa.table({"k": [1], "ats": pa.array([[at]], pa.list_(ns)),
+                          "s": pa.array([{"at": at}], pa.struct([("at", ns)]))}, schema=schema))
+    (row,) = spark.read.format("nbcc").load(uri).collect()
+    expected = dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=dt.timezone.utc).astimezone().replace(tzinfo=None)
+    assert row.ats == [expected] and row.s.at == expected

@@ -639,3 +639,21 @@ def test_reading_a_small_s3_file_whole_is_one_request(s3_table, monkeypatch):
     monkeypatch.setattr(st.fs, "_call_s3", counted)
     assert st.read_bytes(".nbcc/timeline/a.json") == b'{"a": 1}'
     assert calls == ["get_object"]
+
+
+def test_a_retry_stopped_by_its_deadline_reports_the_last_failure(memory_uri):
+    class Failing(Storage):
+        calls = 0
+
+        def _replace_once(self, path, data, durable=True):
+            self.calls += 1
+            if self.calls == 1:
+                raise ConnectionResetError(errno.ECONNRESET, "first")
+            time.sleep(0.4)  # the second attempt ends past the deadline
+            raise TimeoutError(errno.ETIMEDOUT, "second")
+
+    st = Failing(memory_uri)
+    with pytest.raises(StorageError, match=r"failed 2 times \(TimeoutError: .*second\).*not tried again.*"
+                                           r"an attempt may have replaced the file"):
+        st.replace("meta/a.json", b"new", deadline=time.monotonic() + 0.3)
+    assert st.calls == 2

@@ -171,13 +171,15 @@ class TimeGenerator:
         self.lease_ms = int(lease_ms)
         # Waiting longer than a lease lets a crashed holder's lease run out first.
         self.timeout_ms = int(timeout_ms if timeout_ms is not None else 2 * self.lease_ms + 30_000)
+        self._timeout_given = timeout_ms is not None
+        self._timeout_arg = timeout_ms
         self.holder_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stats = LockStats()
         self._stats_lock = threading.Lock()
 
     # Pickled into Spark's commit worker: locks and counters are per process.
     def __getstate__(self) -> dict:
-        return {"storage": self.storage, "lease_ms": self.lease_ms, "timeout_ms": self.timeout_ms}
+        return {"storage": self.storage, "lease_ms": self.lease_ms, "timeout_ms": self._timeout_arg}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["storage"], state["lease_ms"], state["timeout_ms"])
@@ -246,7 +248,9 @@ class TimeGenerator:
                 with self._stats_lock:
                     self.stats.cas_conflicts += 1
             waited_ms = (time.monotonic() - start) * 1000
-            if waited_ms > self.timeout_ms:
+            # The default wait outlasts the holder's lease too, when it is longer than ours.
+            limit = self.timeout_ms if self._timeout_given else max(self.timeout_ms, 2 * state.lease_ms + 30_000)
+            if waited_ms > limit:
                 raise LockTimeoutError(
                     f"waited {waited_ms:.0f} ms for the table lock of {self.storage.uri} "
                     f"(held by {state.holder}, lease until {format_time(state.lease_until_ms)}); "

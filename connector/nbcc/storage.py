@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import logging
 import os
@@ -96,6 +97,17 @@ def is_transient(exc: BaseException) -> bool:
     if isinstance(exc, OSError) and exc.errno in _TRANSIENT_ERRNOS:
         return True
     return _is_conditional_conflict(exc)
+
+
+@functools.lru_cache(maxsize=None)
+def _cat_takes_concurrency_of(cls: type) -> bool:
+    import inspect
+
+    return "max_concurrency" in inspect.signature(cls._cat_file).parameters
+
+
+def _cat_takes_concurrency(fs: Any) -> bool:
+    return _cat_takes_concurrency_of(type(fs))
 
 
 class _PastDeadline(Exception):
@@ -228,13 +240,18 @@ class Storage:
         `deadline` (a `time.monotonic()` value: a write under the table lock must not start once
         the lock may have been taken over)."""
         attempts = 0
+        last: list[Exception] = []  # the latest attempt's failure
 
         def attempt() -> _T:
             nonlocal attempts
             if attempts and deadline is not None and time.monotonic() >= deadline:
                 raise _PastDeadline()
             attempts += 1
-            return call()
+            try:
+                return call()
+            except Exception as exc:
+                last[:] = [exc]
+                raise
 
         try:
             return attempt()  # the common case, without building the retry machinery
@@ -257,6 +274,7 @@ class Storage:
             try:
                 return retrying(attempt)
             except _PastDeadline:
+                error = last[0]
                 raise StorageError(
                     f"{what} {path} failed {attempts} time{'s' if attempts > 1 else ''} "
                     f"({type(error).__name__}: {error}) and was not tried again: the table lock it was "
@@ -268,7 +286,7 @@ class Storage:
                     raise
                 error = exc
         raise StorageError(
-            f"{what} {path} failed {attempts} times in a row "
+            f"{what} {path} failed {attempts} time{'s in a row' if attempts > 1 else ''} "
             f"({type(error).__name__}: {error}); the storage is unreachable or overloaded{outcome()}. "
             "Retry the operation later."
         ) from error
@@ -380,7 +398,8 @@ class Storage:
         failure may leave the old content or an empty file (heartbeats, which read both as
         "no recent beat")."""
         path = self.full_path(rel)
-        self._retry("replace", path, lambda: self._replace_once(path, data, durable), deadline=deadline)
+        self._retry("replace", path, lambda: self._replace_once(path, data, durable), deadline=deadline,
+                    outcome=lambda: "; an attempt may have replaced the file")
 
     def _replace_once(self, path: str, data: bytes, durable: bool = True) -> None:
         if self.is_local:
@@ -404,10 +423,10 @@ class Storage:
         return self._retry("read", path, lambda: self._read_once(path))
 
     def _read_once(self, path: str) -> bytes:
-        if self.is_s3:
-            # One GET. s3fs first asks for the size (a HEAD) to read big files in parallel
-            # ranges; with its listing cache off that doubled the requests of every plan that
-            # reads commit files (nbcc's files read whole are small).
+        if self.is_s3 and _cat_takes_concurrency(self.fs):
+            # One GET. s3fs (2026.3 on) first asks for the size (a HEAD) to read big files in
+            # parallel ranges; with its listing cache off that doubled the requests of every plan
+            # that reads commit files (nbcc's files read whole are small).
             return self.fs.cat_file(path, max_concurrency=1)
         return self.fs.cat_file(path)
 

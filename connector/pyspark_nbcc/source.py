@@ -91,7 +91,16 @@ def _spark_schema(arrow_schema: pa.Schema) -> StructType:
 
 
 def _sub_microsecond(t: pa.DataType) -> bool:
-    return (pa.types.is_timestamp(t) or pa.types.is_duration(t)) and t.unit == "ns"
+    """Whether `t` holds nanosecond times, at any depth (Polars writes list[datetime[ns]])."""
+    if pa.types.is_timestamp(t) or pa.types.is_duration(t):
+        return t.unit == "ns"
+    if pa.types.is_struct(t):
+        return any(_sub_microsecond(t.field(i).type) for i in range(t.num_fields))
+    if pa.types.is_map(t):
+        return _sub_microsecond(t.key_type) or _sub_microsecond(t.item_type)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _sub_microsecond(t.value_type)
+    return False
 
 
 def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
@@ -103,6 +112,8 @@ def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     columns = []
     for f in schema:
         if f.name not in rows.column_names:
+            if not f.nullable:  # columns added later are nullable: a missing key is a bug
+                raise SchemaError(f"the rows read lack the non-nullable column {f.name!r}")
             columns.append(pa.nulls(rows.num_rows, f.type))
             continue
         col = rows.column(f.name)
