@@ -2,10 +2,10 @@
 
 Every completed (or rolled back) instant whose time is before the window the cleaner retained is
 written, with its metadata, into one Parquet file `.nbcc/history/<first>_<last>_<8 hex>.parquet`
-(columns instant, action, state, completion, metadata, plan), and only then removed from the active timeline. The
-timeline reads history files too (once per process), so completion times and file lists of
-archived instants are always found (Hudi #14365 lost data when an archived instant's completion
-time read back as null). A crash between the two steps leaves an instant in both places, which
+(columns instant, action, state, completion, metadata, plan), and only then removed from the
+active timeline. The timeline reads history files too (once per process), so completion times
+and file lists of archived instants are always found (Hudi #14365 lost data when an archived
+instant's completion time read back as null). A crash between the two steps leaves an instant in both places, which
 readers treat as one.
 """
 

@@ -38,6 +38,7 @@ from .timeline import (
     Timeline,
     create_completed,
     earliest_retained,
+    is_completed,
     read_compaction_plan,
 )
 
@@ -156,7 +157,7 @@ def _complete_clean(storage: Storage, clock: TimeGenerator, instant: str, result
         with clock.locked() as grant:
             create_completed(storage, instant, grant, CLEAN, result)
     except CommitError:
-        if not Timeline.load(storage).get(instant).is_completed:
+        if not is_completed(storage, instant):
             raise
     storage.delete(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}")
 

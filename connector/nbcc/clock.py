@@ -150,6 +150,17 @@ class LockGrant:
                 "lease; stopped before committing. Retry the commit, or raise lock_lease_ms."
             )
 
+    def put_if_absent(self, storage: Storage, rel: str, data: bytes) -> bool:
+        """`storage.put_if_absent` of a write that must land while this grant holds the lock: it
+        starts, and may be retried, only inside half the lease (`check`, `deadline`)."""
+        self.check()
+        return storage.put_if_absent(rel, data, deadline=self.deadline)
+
+    def replace(self, storage: Storage, rel: str, data: bytes) -> None:
+        """`storage.replace` under this grant, as `put_if_absent`."""
+        self.check()
+        storage.replace(rel, data, deadline=self.deadline)
+
     def published(self, what: str) -> None:
         """Called once the critical write returned. One that took longer than the lease may have
         landed after another process took the lock over and issued later times (a compaction
@@ -171,8 +182,7 @@ class TimeGenerator:
         self.lease_ms = int(lease_ms)
         # Waiting longer than a lease lets a crashed holder's lease run out first.
         self.timeout_ms = int(timeout_ms if timeout_ms is not None else 2 * self.lease_ms + 30_000)
-        self._timeout_given = timeout_ms is not None
-        self._timeout_arg = timeout_ms
+        self._timeout_arg = timeout_ms  # None: the default, which outlasts a longer recorded lease
         self.holder_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stats = LockStats()
         self._stats_lock = threading.Lock()
@@ -249,7 +259,7 @@ class TimeGenerator:
                     self.stats.cas_conflicts += 1
             waited_ms = (time.monotonic() - start) * 1000
             # The default wait outlasts the holder's lease too, when it is longer than ours.
-            limit = self.timeout_ms if self._timeout_given else max(self.timeout_ms, 2 * state.lease_ms + 30_000)
+            limit = self.timeout_ms if self._timeout_arg is not None else max(self.timeout_ms, 2 * state.lease_ms + 30_000)
             if waited_ms > limit:
                 raise LockTimeoutError(
                     f"waited {waited_ms:.0f} ms for the table lock of {self.storage.uri} "

@@ -57,8 +57,7 @@ class WriteTransaction:
             # Issued and made visible under one lock hold: a compaction scheduled later sees every
             # older instant that may still complete, which bounds what it must keep (§15).
             self.instant = grant.time
-            grant.check()
-            create_requested(self.storage, self.instant, self.action, info, grant.deadline)
+            create_requested(self.storage, self.instant, self.action, info, grant)
         heartbeat.beat(self.storage, self.instant)
         create_inflight(self.storage, self.instant, self.action, info)
         return self.instant

@@ -42,6 +42,7 @@ from .timeline import (
     Instant,
     Timeline,
     create_completed,
+    is_completed,
     read_compaction_plan,
 )
 from .writer import column_encodings, parquet_writer, update_stats
@@ -82,9 +83,8 @@ def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenera
         pending = [i.instant for i in timeline.pending() if i.action in DATA_ACTIONS and i.instant < tc]
         plan = {"instant": tc, "operations": operations, "schema": schema_to_json(view.schema),
                 "earliest_pending": min(pending, default=tc)}
-        grant.check()
-        if not storage.put_if_absent(f"{TIMELINE_DIR}/{tc}.{COMPACTION}.{REQUESTED}",
-                                     json.dumps(plan, sort_keys=True).encode(), deadline=grant.deadline):
+        if not grant.put_if_absent(storage, f"{TIMELINE_DIR}/{tc}.{COMPACTION}.{REQUESTED}",
+                                   json.dumps(plan, sort_keys=True).encode()):
             raise CommitError(f"compaction {tc} is already scheduled")
     return tc
 
@@ -142,7 +142,7 @@ def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: 
         with clock.locked() as grant:
             completion = create_completed(storage, tc, grant, COMPACTION_COMMIT, metadata)
     except CommitError:
-        if Timeline.load(storage).get(tc).is_completed:
+        if is_completed(storage, tc):
             return None
         raise
     # Indexed after completing: several executions may run one plan, and only the one that
@@ -191,16 +191,10 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
             if progress is not None:
                 progress(n, len(operations))
     except (DataFileError, FileNotFoundError):
-        if completed_meanwhile(storage, tc):
+        if is_completed(storage, tc):
             return None  # and a clean deleted the inputs it no longer needed: nothing was lost
         raise
     return complete_compaction(storage, clock, tc, files)
-
-
-def completed_meanwhile(storage: Storage, tc: str) -> bool:
-    """Whether another execution completed compaction `tc` (asked when this one failed)."""
-    inst = Timeline.load(storage).get(tc)
-    return inst is not None and inst.is_completed
 
 
 

@@ -116,9 +116,8 @@ def schedule(storage: Storage, clock: TimeGenerator, kinds: Sequence[str]) -> st
         # Marked building before any later time is issued: a write that begins after this, or
         # completes after it, adds its own entries (it reads table.json when it commits).
         write_states(storage, grant, {**states, **{k: BUILDING for k in todo}})
-        grant.check()
-        if not storage.put_if_absent(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{REQUESTED}",
-                                     json.dumps(plan, sort_keys=True).encode(), deadline=grant.deadline):
+        if not grant.put_if_absent(storage, f"{TIMELINE_DIR}/{ti}.{INDEXING}.{REQUESTED}",
+                                   json.dumps(plan, sort_keys=True).encode()):
             raise CommitError(f"indexing {ti} is already scheduled")
     return ti
 
@@ -167,13 +166,22 @@ def base_work(storage: Storage, plan: dict[str, Any]) -> tuple[list[list[str]], 
     return [todo[n:n + CHUNK_INSTANTS] for n in range(0, len(todo), CHUNK_INSTANTS)], indexed
 
 
+def _completed(ti: str, names: Sequence[str]) -> bool:
+    """Whether the timeline names that start with `ti` show it completed (by any run)."""
+    return any(n.startswith(f"{ti}_") for n in names)
+
+
+def _cancelled(ti: str, names: Sequence[str]) -> bool:
+    """Whether they show indexing `ti` cancelled (a drop of one of its partitions): its mark, or,
+    once archival moved the mark into the history, its requested file gone."""
+    return f"{ti}.{INDEXING}.{ROLLEDBACK}" in names or f"{ti}.{INDEXING}.{REQUESTED}" not in names
+
+
 def _check_cancelled(storage: Storage, ti: str) -> None:
-    """Fail if indexing `ti` was cancelled (a drop of one of its partitions; its mark may have
-    been archived since, which leaves its requested file gone)."""
+    """Fail if indexing `ti` was cancelled; one that another run completed goes on (it finds
+    out at completion)."""
     names = storage.list_names(TIMELINE_DIR, prefix=ti)
-    if any(n.startswith(f"{ti}_") for n in names):
-        return  # another run completed it: this one finds out at completion
-    if f"{ti}.{INDEXING}.{ROLLEDBACK}" in names or f"{ti}.{INDEXING}.{REQUESTED}" not in names:
+    if not _completed(ti, names) and _cancelled(ti, names):
         _stop_cancelled(storage, ti)
 
 
@@ -199,7 +207,8 @@ def catch_up(storage: Storage, ti: str, plan: dict[str, Any], timeout_s: float =
                    if (base is None or i.instant > base) and i.action in INDEXED_ACTIONS
                    and any(i.instant not in indexed[k] for k in kinds)]
         for n in range(0, len(missing), CHUNK_INSTANTS):
-            _check_cancelled(storage, ti)  # stop writing rows that a drop is deleting
+            if n:  # the round began with a check; stop writing rows that a drop is deleting
+                _check_cancelled(storage, ti)
             done += index_instants(storage, kinds, missing[n:n + CHUNK_INSTANTS], indexed)
         waiting = [i.instant for i in timeline.pending()
                    if i.action in DATA_ACTIONS and i.instant < ti and (base is None or i.instant > base)]
@@ -220,10 +229,9 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
     marked (none if another run completed it first)."""
     with clock.locked() as grant:
         names = storage.list_names(TIMELINE_DIR, prefix=ti)
-        if any(n.startswith(f"{ti}_") for n in names):
+        if _completed(ti, names):
             return []  # another run completed it
-        # A cancelled run's mark may have been archived since: its requested file is gone then.
-        cancelled = (f"{ti}.{INDEXING}.{ROLLEDBACK}" in names or f"{ti}.{INDEXING}.{REQUESTED}" not in names)
+        cancelled = _cancelled(ti, names)
         if not cancelled:
             states = read_states(storage, dropping=True)  # kept whole: a drop may be under way
             ready = [k for k in plan["partitions"] if states.get(k) == BUILDING]  # not dropped since
@@ -319,10 +327,8 @@ def drop_index(storage: Storage, clock: TimeGenerator, partitions: Iterable[str]
         states = read_states(storage, dropping=True)
         cancelled = [ti for ti, plan in pending_indexing(storage) if set(plan["partitions"]) & set(kinds)]
         for ti in cancelled:  # its run then fails to complete; other partitions it built stay building
-            grant.check()
             mark = {"instant": ti, "rolled_back_at": grant.time, "reason": f"dropped {', '.join(kinds)}"}
-            storage.put_if_absent(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}", json.dumps(mark).encode(),
-                                  deadline=grant.deadline)
+            grant.put_if_absent(storage, f"{TIMELINE_DIR}/{ti}.{INDEXING}.{ROLLEDBACK}", json.dumps(mark).encode())
         dropped = [k for k in kinds if k in states]
         # "dropping" until every row is deleted: removed now, a build scheduled before the
         # deletion would read the old markers, skip the instants they cover and become ready

@@ -120,8 +120,7 @@ def write_states(storage: Storage, grant: LockGrant, states: Mapping[str, str]) 
         doc[STATE_KEY] = dict(sorted(states.items()))
     else:
         doc.pop(STATE_KEY, None)
-    grant.check()
-    storage.replace(TABLE_CONFIG_PATH, json.dumps(doc, indent=2).encode(), deadline=grant.deadline)
+    grant.replace(storage, TABLE_CONFIG_PATH, json.dumps(doc, indent=2).encode())
 
 
 def active_kinds(storage: Storage) -> list[str]:

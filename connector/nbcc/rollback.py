@@ -59,10 +59,9 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
                 log.warning("not rolling back %s: it completed", instant)
             return False
         if inst.state != ROLLEDBACK:
-            grant.check()
             mark = {"instant": instant, "rolled_back_at": grant.time, "reason": reason}
-            storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{inst.action}.{ROLLEDBACK}",
-                                  json.dumps(mark).encode(), deadline=grant.deadline)
+            grant.put_if_absent(storage, f"{TIMELINE_DIR}/{instant}.{inst.action}.{ROLLEDBACK}",
+                                json.dumps(mark).encode())
     doomed = {(f["partition"], f["name"]) for f in files}
     for part in partition_folders(storage, partition_depth):
         for name in storage.list_names(part):

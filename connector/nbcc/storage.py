@@ -100,14 +100,10 @@ def is_transient(exc: BaseException) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _cat_takes_concurrency_of(cls: type) -> bool:
+def _cat_takes_concurrency(fs_class: type) -> bool:
     import inspect
 
-    return "max_concurrency" in inspect.signature(cls._cat_file).parameters
-
-
-def _cat_takes_concurrency(fs: Any) -> bool:
-    return _cat_takes_concurrency_of(type(fs))
+    return "max_concurrency" in inspect.signature(fs_class._cat_file).parameters
 
 
 class _PastDeadline(Exception):
@@ -166,8 +162,9 @@ def _coerce(name: str, value: Any) -> Any:
 
 def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
     """The fsspec options for `uri`: checked (an unknown name is an error, not ignored) and
-    coerced; a table not on S3 takes none, and ignores S3 options. On S3, fsspec's listing cache is off unless asked for: it never expires, so a
-    long-lived process would go on missing files that other processes committed."""
+    coerced; a table not on S3 takes none, and ignores S3 options. On S3, fsspec's listing
+    cache is off unless asked for: it never expires, so a long-lived process would go on missing
+    files that other processes committed."""
     s3 = fsspec.utils.get_protocol(uri) in ("s3", "s3a")
     if not options:
         return {"use_listings_cache": False} if s3 else {}
@@ -423,7 +420,7 @@ class Storage:
         return self._retry("read", path, lambda: self._read_once(path))
 
     def _read_once(self, path: str) -> bytes:
-        if self.is_s3 and _cat_takes_concurrency(self.fs):
+        if self.is_s3 and _cat_takes_concurrency(type(self.fs)):
             # One GET. s3fs (2026.3 on) first asks for the size (a HEAD) to read big files in
             # parallel ranges; with its listing cache off that doubled the requests of every plan
             # that reads commit files (nbcc's files read whole are small).

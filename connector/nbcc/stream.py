@@ -155,11 +155,10 @@ def _new_claim(storage: Storage, clock: Any, stream_id: str, batch_id: int, atte
         if storage.exists(path):
             return None
         instant = grant.time
-        grant.check()
-        create_requested(storage, instant, action, info, grant.deadline)
+        create_requested(storage, instant, action, info, grant)
         body = {"stream_id": stream_id, "batch_id": batch_id, "attempt": attempt, "instant": instant,
                 "action": action, "query_id": query_id}
-        won = storage.put_if_absent(path, json.dumps(body).encode(), deadline=grant.deadline)
+        won = grant.put_if_absent(storage, path, json.dumps(body).encode())
     if not won:  # only when our lease ran out mid-claim and another claimant went ahead
         rollback_instant(storage, clock, instant, 0, reason="lost the claim of a streaming batch")
         return None

@@ -183,10 +183,18 @@ def _json(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), sort_keys=True).encode()
 
 
+def is_completed(storage: Storage, instant: str) -> bool:
+    """Whether `instant` is completed now (asked by a run that failed or lost a race: another
+    run may have completed it)."""
+    inst = Timeline.load(storage).get(instant)
+    return inst is not None and inst.is_completed
+
+
 def create_requested(storage: Storage, instant: str, action: str, info: dict[str, Any],
-                     deadline: float | None = None) -> None:
-    """`deadline`: the lock grant's, when made under the table lock (Storage._retry)."""
-    if not storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{action}.{REQUESTED}", _json(info), deadline=deadline):
+                     grant: LockGrant | None = None) -> None:
+    """`grant`: the table lock, when it is made under it (LockGrant.put_if_absent)."""
+    rel, data = f"{TIMELINE_DIR}/{instant}.{action}.{REQUESTED}", _json(info)
+    if not (grant.put_if_absent(storage, rel, data) if grant else storage.put_if_absent(rel, data)):
         raise CommitError(f"instant {instant} already exists on the timeline")
 
 
@@ -221,8 +229,8 @@ def create_completed(storage: Storage, instant: str, grant: LockGrant, action: s
         raise CommitError(f"instant {instant} is not pending on the timeline (its requested file is gone: "
                           f"it was rolled back, and its mark archived){again}")
     name = f"{instant}_{completion}.{action}"
-    grant.check()  # after the listing: the put has the rest of half a lease to land
-    if not storage.put_if_absent(f"{TIMELINE_DIR}/{name}", _json(metadata), deadline=grant.deadline):
+    # Checked after the listing: the put has the rest of half a lease to land.
+    if not grant.put_if_absent(storage, f"{TIMELINE_DIR}/{name}", _json(metadata)):
         raise CommitError(f"instant {instant} is already completed")
     grant.published(f"{action} {instant} (completed at {completion})")
     return completion

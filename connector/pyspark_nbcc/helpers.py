@@ -11,13 +11,13 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
-from nbcc.compaction import compact_file_group, compaction_to_run, complete_compaction, completed_meanwhile
+from nbcc.compaction import compact_file_group, compaction_to_run, complete_compaction
 from nbcc.config import parse_options
 from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
 from nbcc.indexing import DEFAULT_TIMEOUT_S, build_index as _build_index, index_instants
 from nbcc.metadata_table import KINDS
-from nbcc.timeline import read_compaction_plan
+from nbcc.timeline import is_completed, read_compaction_plan
 
 CONF_PREFIX = "spark.nbcc."
 _BUCKET_COL = "_nbcc_bucket"
@@ -114,7 +114,7 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
     try:
         files = rdd.map(merge_group).collect()
     except Exception:
-        if completed_meanwhile(table.storage, tc):
+        if is_completed(table.storage, tc):
             return tc  # another run completed it, and a clean deleted the inputs: nothing was lost
         raise
     complete_compaction(table.storage, table.clock, tc, files)  # None: another run completed it
