@@ -42,6 +42,24 @@ def transient_error(op: str, path: str, when: str, rng: random.Random) -> OSErro
     return OSError(errno.EBUSY, f"SlowDown (503): {text}")
 
 
+class Stall:
+    """A planned outcome that is not an error: the call waits, inside the storage call (after
+    nbcc's own checks), until `release()`, then takes effect: a put that is slow to land."""
+
+    def __init__(self, timeout_s: float = 60):
+        self.entered = threading.Event()
+        self._go = threading.Event()
+        self.timeout_s = timeout_s
+
+    def release(self) -> None:
+        self._go.set()
+
+    def hold(self) -> None:
+        self.entered.set()
+        if not self._go.wait(self.timeout_s):
+            raise AssertionError("a stalled storage call was never released")
+
+
 class Faults:
     """Which storage calls fail. `rate` (or `rates[op]`) is the chance that a call of an
     operation fails; `after_share` the chance that a failing change fails after taking effect."""
@@ -60,8 +78,8 @@ class Faults:
 
     def plan(self, op: str, *outcomes: Any, where: str | None = None) -> "Faults":
         """The next calls of `op` (only those whose path matches the regular expression `where`,
-        if given) go as planned: None (no fault), BEFORE, AFTER, or an exception to raise
-        instead of the operation. Random draws resume when the plan is used up."""
+        if given) go as planned: None (no fault), BEFORE, AFTER, a `Stall`, or an exception to
+        raise instead of the operation. Random draws resume when the plan is used up."""
         assert op in OPS, op
         with self._lock:
             for plan_where, queue in self._plans.setdefault(op, []):
@@ -95,6 +113,9 @@ class Faults:
     def run(self, op: str, path: str, call: Callable[[], Any]) -> Any:
         """`call()` (the real operation), failing as drawn."""
         outcome = self.draw(op, path)
+        if isinstance(outcome, Stall):
+            outcome.hold()
+            outcome = None
         if outcome is not None and outcome != AFTER:
             raise self.error(op, path, outcome)
         result = call()

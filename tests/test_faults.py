@@ -33,7 +33,8 @@ import nbcc
 import nbcc.clock
 import nbcc.table
 import nbcc.timeline
-from faults import AFTER, BEFORE, Faults, FaultyStorage
+import nbcc.writer
+from faults import AFTER, BEFORE, Faults, FaultyStorage, Stall
 from nbcc.clock import TimeGenerator, parse_time
 from nbcc.config import TABLE_CONFIG_PATH
 from nbcc.storage import Storage
@@ -371,6 +372,113 @@ def test_two_writers_that_compute_the_same_lock_state_never_both_get_a_time(memo
     issued.append(b.new_instant())
     assert len(issued) == 2 and issued[1] > issued[0]
     assert parse_time(issued[0]) == frozen
+
+
+# -- 3c. a put under the table lock that lands after the lease ran out ------------------------------
+# The put passed the lease check, then stalled inside the storage call (botocore retrying, say)
+# for longer than the lease: another process took the lock over meanwhile.
+
+LEASE_MS = 1000  # the smallest a table allows: each takeover below waits about one lease
+
+
+def _in_thread(call) -> tuple[threading.Thread, dict[str, Any]]:
+    out: dict[str, Any] = {}
+
+    def run():
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            out["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def test_a_commit_published_after_a_compaction_that_missed_it_keeps_its_rows(local_table, caplog):
+    uri, _ = local_table
+    table = new_table(uri, lock_lease_ms=LEASE_MS)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    stall = Stall()
+    slow = faulty_table(table, Faults().plan("put", stall, where=COMPLETED_FILE))
+    data, rows = ref.batch(KEYS[:10], "late")
+    writer, out = _in_thread(lambda: slow.write(data))
+    assert stall.entered.wait(WAIT_S)
+    # Another process takes the lock over once the lease ran out; its listing lacks the commit.
+    tc = nbcc.Table.open(uri).schedule_compaction()
+    stall.release()
+    writer.join(WAIT_S)
+    instant = out["value"]
+    ref.apply(rows)
+    late_logs = files_of_instant(data_files(uri), instant)
+    planned = {f for op in nbcc.timeline.read_compaction_plan(table.storage, tc)["operations"]
+               for f in op["log_files"]}
+    assert completion_of(table, instant) < tc and late_logs and not {Path(f).name for f in late_logs} & planned
+    assert "past its 1000 ms lease" in caplog.text
+    assert snapshot(table) == ref.expected()  # the compaction pending
+    assert table.run_compaction(tc)
+    assert snapshot(table) == ref.expected()
+    newest = {(s.partition, s.file_group_id): s for s in table.file_slices()}
+    for f in map(Path, late_logs):  # in the compaction's slice, as if it had completed after Tc
+        got = newest[(str(f.parent), f.name.split("_")[0])]
+        assert got.base_instant == tc and f.name in got.log_files
+    # Cleaning keeps the late logs: they belong to the newest slice.
+    for n in range(3):
+        ref.write(table, KEYS[20 + n:30:3], f"after{n}")
+    table.clean(retain_commits=1)
+    assert late_logs <= data_files(uri)
+    assert snapshot(table) == ref.expected()
+    assert table.compact()
+    assert snapshot(table) == ref.expected()
+
+
+def test_a_write_whose_instant_was_published_after_its_lease_writes_nothing(local_table):
+    # A compaction scheduled meanwhile would not have seen the instant pending, and its base
+    # files would keep too little for it (format.md §15.2): the write stops before any data.
+    uri, _ = local_table
+    table = new_table(uri, lock_lease_ms=LEASE_MS)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    stall = Stall()
+    slow = faulty_table(table, Faults().plan("put", stall, where=r"timeline/\d{17}\.deltacommit\.requested$"))
+    data, _ = ref.batch(KEYS[:10], "late")
+    writer, out = _in_thread(lambda: slow.write(data))
+    assert stall.entered.wait(WAIT_S)
+    ref.write(nbcc.Table.open(uri), KEYS[10:20], "other")  # takes the lock over meanwhile
+    stall.release()
+    writer.join(WAIT_S)
+    assert isinstance(out.get("error"), nbcc.LockLostError), out
+    assert "nothing was written" in str(out["error"]) and "lock_lease_ms" in str(out["error"])
+    [stalled] = [i for i in table.timeline() if i.state != "completed"]
+    assert stalled.state == "rolledback"
+    assert not files_of_instant(data_files(uri), stalled.instant)
+    assert snapshot(table) == ref.expected()
+
+
+def test_a_rollback_mark_published_after_the_write_completed_deletes_nothing(local_table, caplog):
+    uri, _ = local_table
+    table = new_table(uri, lock_lease_ms=LEASE_MS)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    data, rows = ref.batch(KEYS[:10], "slow")
+    txn = table.begin_write(data.schema)
+    writer = table.log_writer(txn, "0-0-0")
+    writer.write(nbcc.writer.prepare(data, table.config, txn.schema, "upsert"))
+    files = writer.close()
+    stall = Stall()
+    slow = faulty_table(table, Faults().plan("put", stall, where=r"\.rolledback$"))
+    rollback, out = _in_thread(lambda: slow.rollback(txn.instant))
+    assert stall.entered.wait(WAIT_S)
+    txn.commit(files)  # the writer takes the lock over and completes before the mark lands
+    ref.apply(rows)
+    stall.release()
+    rollback.join(WAIT_S)
+    assert out == {"value": False}
+    assert "the mark is withdrawn and nothing is deleted" in caplog.text
+    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["completed"]
+    assert not [n for n in active_timeline_files(uri) if n.endswith(".rolledback")]
+    assert {Path(f).name for f in files_of_instant(data_files(uri), txn.instant)} == {f["name"] for f in files}
+    assert snapshot(table) == ref.expected()
 
 
 # -- 3b. random faults under many writers ----------------------------------------------------------

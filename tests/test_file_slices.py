@@ -174,3 +174,37 @@ def test_three_base_files_split_logs_by_completion_time():
     assert summary(result) == {
         FG: [(t(70), b70, [l50, l80]), (t(40), b40, [l30, l60]), (t(10), b10, [l20])]
     }
+
+
+def test_a_log_published_after_a_plan_that_does_not_list_it_joins_the_plans_slice():
+    # l_late completed at t55 < t60, but its completed file landed after compaction t60 was
+    # planned (its put outlasted the lock's lease), so the plan lists only l1 and l2. Behind the
+    # base file at t60 its rows would be lost: it joins the slice of t60, pending or completed.
+    fg_t10, fg_t60 = base(10), base(60)
+    l1, l2, late, l3 = log(20), log(40), log(50), log(70)
+    plans = {t(60): {FG: [l1, l2]}}
+
+    def planned(fg, tc):
+        return plans[tc].get(fg, []) if tc in plans else None
+    completions = {t(10): t(15), t(20): t(30), t(40): t(45), t(50): t(55), t(60): t(65), t(70): t(80)}
+    completed = build_file_slices([fg_t10, l1, l2, late, fg_t60, l3], completions, planned_logs=planned)
+    assert summary(completed) == {FG: [(t(60), fg_t60, [late, l3]), (t(10), fg_t10, [l1, l2])]}
+    pending = build_file_slices([fg_t10, l1, l2, late], {**completions, t(60): None},
+                                pending_compactions={FG: t(60)}, planned_logs=planned)
+    assert summary(pending) == {FG: [(t(60), None, [late]), (t(10), fg_t10, [l1, l2])]}
+    # A plan that lists it, or one that cannot be read (None), leaves it where its time puts it.
+    plans[t(60)][FG].append(late)
+    assert summary(build_file_slices([fg_t10, l1, l2, late, fg_t60, l3], completions, planned_logs=planned)) == {
+        FG: [(t(60), fg_t60, [l3]), (t(10), fg_t10, [l1, l2, late])]}
+    assert summary(build_file_slices([fg_t10, l1, l2, late, fg_t60, l3], completions,
+                                     planned_logs=lambda fg, tc: None)) == {
+        FG: [(t(60), fg_t60, [l3]), (t(10), fg_t10, [l1, l2, late])]}
+
+
+def test_a_log_published_late_with_no_base_file_before_it_joins_the_plans_slice():
+    # The group's first compaction: the late log would fall in the "older" slice.
+    fg_t60 = base(60)
+    l1, late = log(20), log(50)
+    completions = {t(20): t(30), t(50): t(55), t(60): t(65)}
+    got = build_file_slices([l1, late, fg_t60], completions, planned_logs=lambda fg, tc: [l1])
+    assert summary(got) == {FG: [(t(60), fg_t60, [late]), (t(20), None, [l1])]}

@@ -544,6 +544,33 @@ def test_claims_all_tasks_of_a_batch_share_one_instant_and_a_commit_happens_once
     assert [(m["instant"], m["stream_id"], m["batch_id"]) for m in meta] == [(instant, "s1", 7)]
 
 
+def test_claims_an_instant_published_after_the_lease_is_rolled_back_and_claimed_anew(tmp_path):
+    # The claimant's .requested put outlasted the lock's lease while another writer took the lock
+    # over: a compaction scheduled then would not have seen the instant pending (format.md §17.1).
+    from faults import Faults, FaultyStorage, Stall
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts", lock_lease_ms=1000)
+    stall = Stall()
+    slow = nbcc.Table(FaultyStorage(table.uri, {}, Faults().plan("put", stall, where=r"\.deltacommit\.requested$")),
+                      table.config)
+    claims = []
+    claimant = threading.Thread(target=lambda: claims.append(
+        claim_batch(slow.storage, slow.clock, "s1", 0, "deltacommit")), daemon=True)
+    claimant.start()
+    assert stall.entered.wait(TIMEOUT_S)
+    other = table.write(_rows(range(2), "w"))  # takes the lock over meanwhile
+    stall.release()
+    claimant.join(TIMEOUT_S)
+    [claim] = claims
+    states = {i.instant: i.state for i in table.timeline()}
+    [stalled] = [i for i, state in states.items() if state == "rolledback"]
+    # The claim itself was never put (the lease was over), so attempt 0 is claimed again.
+    assert stalled < other < claim.instant and claim.attempt == 0
+    assert states == {stalled: "rolledback", other: "completed", claim.instant: "inflight"}
+    template = _template(table)
+    commit_batch(template, "s1", 0, claim.instant, _write_into(table, template, claim.instant, _rows(range(2, 4), "b")))
+    assert sorted(table.read().column("v").to_pylist()) == ["b2", "b3", "w0", "w1"]
+
+
 def test_claims_a_stream_template_is_checked_like_a_write_and_begins_no_instant(tmp_path):
     table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
     with pytest.raises(nbcc.SchemaError, match="lacks the ordering_field column 'ts'"):

@@ -128,6 +128,9 @@ class LockGrant:
     wait_ms: float
     lease_ms: int
     _acquired_mono: float = field(default_factory=time.monotonic)
+    # A write under this grant returned more than a whole lease after the lock was taken: it may
+    # have landed after another process took the lock over and issued later times.
+    overran: bool = False
 
     @property
     def held_ms(self) -> float:
@@ -154,24 +157,35 @@ class LockGrant:
         """`storage.put_if_absent` of a write that must land while this grant holds the lock: it
         starts, and may be retried, only inside half the lease (`check`, `deadline`)."""
         self.check()
-        return storage.put_if_absent(rel, data, deadline=self.deadline)
+        try:
+            return storage.put_if_absent(rel, data, deadline=self.deadline)
+        finally:
+            self._returned()
 
     def replace(self, storage: Storage, rel: str, data: bytes) -> None:
         """`storage.replace` under this grant, as `put_if_absent`."""
         self.check()
-        storage.replace(rel, data, deadline=self.deadline)
+        try:
+            storage.replace(rel, data, deadline=self.deadline)
+        finally:
+            self._returned()
+
+    def _returned(self) -> None:
+        if self.held_ms > self.lease_ms:
+            self.overran = True
 
     def published(self, what: str) -> None:
-        """Called once the critical write returned. One that took longer than the lease may have
-        landed after another process took the lock over and issued later times (a compaction
-        scheduled then would not include it): nothing can undo that here, so say it loudly."""
-        held_ms = self.held_ms
-        if held_ms > self.lease_ms:
+        """Called once a commit's completed file is put. One that returned after the lease may
+        have landed after another process took the lock over and issued later times. Readers
+        still place its files right (file_slices.py: a compaction planned meanwhile does not list
+        them), but an incremental reader that read past its completion time before it landed
+        never sees it: say so loudly."""
+        if self.overran:
             log.error("%s was published %.0f ms after the table lock was taken, past its %d ms lease: "
-                      "another process may have taken the lock over first, and a compaction it scheduled "
-                      "may leave this commit's rows out of the file slices it replaces. Check with "
-                      "`nbcc slices`, and raise lock_lease_ms if storage calls can take this long.",
-                      what, held_ms, self.lease_ms)
+                      "another process may have taken the lock over first, so an incremental or "
+                      "streaming read that had already read past its completion time misses it. "
+                      "Raise lock_lease_ms if storage calls can take this long.",
+                      what, self.held_ms, self.lease_ms)
 
 
 class TimeGenerator:

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from .clock import TimeGenerator
-from .errors import CommitError, SchemaError
+from .errors import CommitError, LockLostError, SchemaError
 from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
 from .storage import Storage
@@ -58,6 +58,15 @@ class WriteTransaction:
             # older instant that may still complete, which bounds what it must keep (§15).
             self.instant = grant.time
             create_requested(self.storage, self.instant, self.action, info, grant)
+        if grant.overran:
+            # A compaction scheduled meanwhile may not have seen this instant pending, and then
+            # keeps too little for it (§15.2 earliest_pending): never write it.
+            self.rollback(reason="its requested file was published after the table lock's lease")
+            raise LockLostError(
+                f"publishing instant {self.instant} took longer than the table lock's "
+                f"{grant.lease_ms} ms lease (storage is slow); nothing was written. Retry the write, "
+                "or raise lock_lease_ms."
+            )
         heartbeat.beat(self.storage, self.instant)
         create_inflight(self.storage, self.instant, self.action, info)
         return self.instant

@@ -6,6 +6,12 @@ a compaction but completed after it lands in the new slice and is never lost. A 
 of it older than every base file) with no base file takes the instant of its earliest-completed log
 as its barrier. Files whose instant has no completion time (pending or failed writes) belong to no
 slice and never decide a barrier, so they cannot hide committed files (Hudi #19774).
+
+A compaction's plan lists the logs of the slice its base file replaces. A log that completed
+before the compaction's instant but is not listed was published late (its commit's put outlasted
+the table lock's lease, and the scheduler's listing missed it): it joins the compaction's slice,
+as if it had completed after it, so its rows are not hidden behind a base file that lacks them.
+Only the two newest barriers are checked: older slices are superseded and never read.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Collection, Iterable, Mapping
 
 from .filenames import BaseFile, LogFile, parse_data_file
 
@@ -35,6 +41,7 @@ def build_file_slices(
     completion_times: Mapping[str, str | None],
     partition: str = "",
     pending_compactions: Mapping[str, str] | None = None,
+    planned_logs: Callable[[str, str], Collection[str] | None] | None = None,
 ) -> dict[str, list[FileSlice]]:
     """`{file_group_id: [FileSlice, ...]}` newest slice first, for the files of one partition.
 
@@ -42,7 +49,9 @@ def build_file_slices(
     files of instants it does not know are treated as not committed. `pending_compactions` maps
     a file group to the instant Tc of a compaction planned but not completed: Tc is a barrier with
     no base file yet, so logs completing after Tc start a new slice (readers merge that slice with
-    the one before it until the compaction completes).
+    the one before it until the compaction completes). `planned_logs(file_group, Tc)`: the log
+    names that the plan of compaction `Tc` lists for the group (None: not known), for the rule
+    above on late logs.
     """
     bases: dict[str, list[BaseFile]] = defaultdict(list)
     logs: dict[str, list[tuple[str, LogFile]]] = defaultdict(list)
@@ -67,6 +76,11 @@ def build_file_slices(
         older: list[tuple[str, LogFile]] = []  # completed before every base file
         for completion, log in logs[fg]:
             i = bisect.bisect_left(barriers, completion) - 1  # greatest barrier < completion
+            while planned_logs and len(barriers) - 2 <= i + 1 < len(barriers):
+                listed = planned_logs(fg, barriers[i + 1])
+                if listed is None or log.name in listed:
+                    break
+                i += 1  # published after the next barrier's plan was made: after that barrier
             if i >= 0:
                 members[barriers[i]].append(log)
             else:

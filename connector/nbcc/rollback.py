@@ -23,7 +23,7 @@ from .errors import InvalidOptionError
 from .filenames import data_file_path, parse_data_file
 from .heartbeat import last_beat_ms, remove
 from .storage import Storage
-from .timeline import DATA_ACTIONS, ROLLEDBACK, TIMELINE_DIR, Timeline, remove_pending_files
+from .timeline import DATA_ACTIONS, ROLLEDBACK, TIMELINE_DIR, Timeline, is_completed, remove_pending_files
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +58,12 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
             if inst is not None:
                 log.warning("not rolling back %s: it completed", instant)
             return False
+        mark_path = f"{TIMELINE_DIR}/{instant}.{inst.action}.{ROLLEDBACK}"
         if inst.state != ROLLEDBACK:
             mark = {"instant": instant, "rolled_back_at": grant.time, "reason": reason}
-            grant.put_if_absent(storage, f"{TIMELINE_DIR}/{instant}.{inst.action}.{ROLLEDBACK}",
-                                json.dumps(mark).encode())
+            grant.put_if_absent(storage, mark_path, json.dumps(mark).encode())
+    if grant.overran and not _still_failed(storage, clock, instant, mark_path):
+        return False
     doomed = {(f["partition"], f["name"]) for f in files}
     for part in partition_folders(storage, partition_depth):
         for name in storage.list_names(part):
@@ -77,6 +79,19 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
     from .metadata_table import forget_rolled_back  # it imports the write path, which imports this
 
     forget_rolled_back(storage, instant)  # its metadata table rows, written before it failed
+    return True
+
+
+def _still_failed(storage: Storage, clock: TimeGenerator, instant: str, mark_path: str) -> bool:
+    """The mark was put after the lease ran out: the writer may have taken the lock over and
+    completed the instant before the mark landed. Look again under the lock (a holder puts
+    before it releases); if it completed, its files are committed data: withdraw the mark."""
+    with clock.locked():
+        if is_completed(storage, instant):
+            log.error("rollback of %s: its mark was published after the table lock's lease, and the "
+                      "write completed meanwhile; the mark is withdrawn and nothing is deleted", instant)
+            storage.delete(mark_path)
+            return False
     return True
 
 

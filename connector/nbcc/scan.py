@@ -22,6 +22,7 @@ input partition each), and each task is read independently.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import os
 import threading
@@ -296,12 +297,34 @@ def slices_by_group(storage: Storage, view: TableView) -> dict[tuple[str, str], 
     for tc in view.pending_compactions:
         for op in read_compaction_plan(storage, tc)["operations"]:
             pending[op["partition"]][op["file_group"]] = tc
+    planned = _PlannedLogs(storage)
     out: dict[tuple[str, str], list[FileSlice]] = {}
     for partition in sorted(files):
-        groups = build_file_slices(files[partition], view.completion, partition, pending.get(partition))
+        groups = build_file_slices(files[partition], view.completion, partition, pending.get(partition),
+                                   functools.partial(planned, partition))
         for fg, slices in groups.items():
             out[(partition, fg)] = slices
     return out
+
+
+class _PlannedLogs:
+    """`(partition, file group, Tc)` -> the logs compaction `Tc`'s plan lists for the group, for
+    file slicing's check of logs published late; None if the plan cannot be read (a table that
+    another writer compacted). Plans are read (once each) only when slicing asks."""
+
+    def __init__(self, storage: Storage):
+        self.storage = storage
+        self.by_plan: dict[str, dict[tuple[str, str], frozenset[str]] | None] = {}
+
+    def __call__(self, partition: str, file_group: str, tc: str) -> frozenset[str] | None:
+        if tc not in self.by_plan:
+            try:
+                ops = read_compaction_plan(self.storage, tc)["operations"]
+                self.by_plan[tc] = {(op["partition"], op["file_group"]): frozenset(op["log_files"]) for op in ops}
+            except FileNotFoundError:
+                self.by_plan[tc] = None
+        groups = self.by_plan[tc]
+        return None if groups is None else groups.get((partition, file_group), frozenset())
 
 
 # -- plans -------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ from typing import Any, Iterable
 
 from .clock import parse_time_option
 from .commit import WriteTransaction
-from .errors import CommitError, InvalidOptionError
+from .errors import CommitError, InvalidOptionError, LockLostError
 from .heartbeat import beat, remove as remove_heartbeat
 from .rollback import rollback_instant
 from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, plan_scan
@@ -158,9 +158,17 @@ def _new_claim(storage: Storage, clock: Any, stream_id: str, batch_id: int, atte
         create_requested(storage, instant, action, info, grant)
         body = {"stream_id": stream_id, "batch_id": batch_id, "attempt": attempt, "instant": instant,
                 "action": action, "query_id": query_id}
-        won = grant.put_if_absent(storage, path, json.dumps(body).encode())
-    if not won:  # only when our lease ran out mid-claim and another claimant went ahead
-        rollback_instant(storage, clock, instant, 0, reason="lost the claim of a streaming batch")
+        won = False
+        if not grant.overran:
+            try:
+                won = grant.put_if_absent(storage, path, json.dumps(body).encode())
+            except LockLostError:
+                pass  # too late in the lease to claim: the instant is withdrawn below
+    # As WriteTransaction.begin: an instant published past the lease may have been missed by a
+    # compaction scheduled meanwhile. A claim that landed then names a rolled-back instant, and
+    # the next attempt claims anew.
+    if not won or grant.overran:  # (not won: our lease ran out mid-claim, another claimant went ahead)
+        rollback_instant(storage, clock, instant, 0, reason="its claim was not published within the table lock's lease")
         return None
     _begin_rest(storage, instant, action, info)
     return instant
