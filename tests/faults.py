@@ -73,6 +73,7 @@ class Faults:
         self.enabled = True
         self.calls: Counter[str] = Counter()
         self.injected: Counter[tuple[str, str]] = Counter()
+        self.injected_paths: list[str] = []
         self._plans: dict[str, list[tuple[str | None, deque]]] = {}
         self._lock = threading.Lock()
 
@@ -102,6 +103,7 @@ class Faults:
                 outcome = AFTER if op in _CHANGES and self.rng.random() < self.after_share else BEFORE
             if outcome is not None:
                 self.injected[(op, outcome if isinstance(outcome, str) else type(outcome).__name__)] += 1
+                self.injected_paths.append(path)
             return outcome
 
     def error(self, op: str, path: str, outcome: Any) -> BaseException:
@@ -141,6 +143,12 @@ class FaultyStorage(Storage):
 
     def __reduce__(self):
         return (FaultyStorage, (self.uri, self.storage_options, self.faults))
+
+    def child(self, rel: str) -> "FaultyStorage":  # the metadata table meets the same faults
+        return FaultyStorage(f"{self.uri}/{rel}", self.storage_options, self.faults)
+
+    def identity(self) -> tuple:
+        return (*super().identity(), id(self.faults))
 
     def _put_once(self, path: str, data: bytes, durable: bool = True) -> bool:
         return self.faults.run("put", path, lambda: Storage._put_once(self, path, data, durable))

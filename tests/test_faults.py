@@ -253,7 +253,7 @@ def test_a_writer_waits_for_a_killed_lock_holders_lease_and_then_commits(local_t
 
 # -- 3a. lost replies, one at a time ------------------------------------------------------------------
 
-COMPLETED_FILE = r"timeline/\d{17}_\d{17}\.deltacommit$"
+COMPLETED_FILE = r"^(?!.*/\.nbcc/metadata/).*/timeline/\d{17}_\d{17}\.deltacommit$"  # the table's, not its metadata table's
 
 
 def faulty_table(table: nbcc.Table, faults: Faults) -> nbcc.Table:
@@ -588,13 +588,16 @@ class Run:
         assert not any(t.is_alive() for t in threads + [reader]), "a writer or the reader hung"
 
 
-@pytest.mark.parametrize("where, writers, commits, rate", [
-    ("memory", 3, 8, 0.15),
-    ("local", 3, 8, 0.15),
-    ("s3", 2, 4, 0.1),  # moto is slower: fewer calls
+@pytest.mark.parametrize("where, indexed, writers, commits, rate", [
+    ("memory", False, 3, 8, 0.15),
+    ("local", False, 3, 8, 0.15),
+    ("s3", False, 2, 4, 0.1),  # moto is slower: fewer calls
+    # With the metadata table: writers add its entries and readers plan from it, under faults.
+    ("memory", True, 3, 8, 0.15),
+    ("local", True, 3, 8, 0.15),
 ])
-def test_random_storage_faults_never_lose_duplicate_or_half_show_a_commit(where, writers, commits, rate, tmp_path,
-                                                                          memory_uri, request):
+def test_random_storage_faults_never_lose_duplicate_or_half_show_a_commit(where, indexed, writers, commits, rate,
+                                                                          tmp_path, memory_uri, request):
     if where == "memory":
         uri, opts = memory_uri, {}
     elif where == "local":
@@ -603,13 +606,15 @@ def test_random_storage_faults_never_lose_duplicate_or_half_show_a_commit(where,
         uri, opts = request.getfixturevalue("s3_table")
     table = nbcc.Table.create(uri, SCHEMA, "id", ordering_field="ts", partition_by="part", buckets=2,
                               storage_options=opts, lock_lease_ms=2000)
-    seed = {"memory": 1, "local": 2, "s3": 3}[where]
+    if indexed:
+        table.build_index()
+    seed = {"memory": 1, "local": 2, "s3": 3}[where] + 10 * indexed
     # 10-15% of every storage call fails, half of the failing changes after taking effect; a
     # data file being written (not retried: its content streams) fails 4% of the time.
     faults = Faults(seed, rate, rates={"sink": 0.04})
     # Besides, for sure: two writes whose data file fails, and one whose completed file is
     # created but never answers (it raises, yet it is committed).
-    faults.plan("sink", None, BEFORE, None, None, AFTER)
+    faults.plan("sink", None, BEFORE, None, None, AFTER, where=r"^(?!.*/\.nbcc/)")  # data files of the table
     faults.plan("put", AFTER, BEFORE, BEFORE, where=COMPLETED_FILE)
     run = Run(table, faults, seed)
     run.run(writers, commits, read_pause_s=0.2 if where == "s3" else 0.05)
@@ -618,13 +623,15 @@ def test_random_storage_faults_never_lose_duplicate_or_half_show_a_commit(where,
     gc.collect()
     assert run.unclean == [], f"failures that are not nbcc errors: {run.unclean!r}"
     assert faults.total() > 10 and faults.injected[("put", AFTER)] > 0, faults.injected
+    if indexed:
+        assert any("/.nbcc/metadata/" in path for path in faults.injected_paths), "no fault met the metadata table"
 
     # -- what storage holds (faults off from here on) --
     faults.enabled = False
     timeline = table.timeline()
     completed = {i.instant: i for i in timeline if i.action == "deltacommit" and i.is_completed}
     pending = {i.instant for i in timeline if i.state in ("requested", "inflight")}
-    assert {i.action for i in timeline} == {"deltacommit"}
+    assert {i.action for i in timeline} == {"deltacommit"} | ({"indexing"} if indexed else set())
     on_storage = files_on_storage(table.storage)
     visible: dict[int, str] = {}  # commit number -> instant
     for instant, inst in completed.items():
@@ -709,6 +716,9 @@ def test_random_storage_faults_never_lose_duplicate_or_half_show_a_commit(where,
     assert {i.instant for i in after if i.state == "rolledback"} >= pending
     assert rows_of(table.read()) == expected
     assert rows_of(nbcc.Table.open(uri, opts).read()) == expected
+    if indexed:  # the metadata table came through the faults whole: its plan is the timeline's
+        indexed_plan = table.plan()
+        assert indexed_plan.metadata_used and indexed_plan.tasks == table.plan(use_metadata_table=False).tasks
     left = files_on_storage(table.storage)
     assert set(left) <= {i.instant for i in after if i.is_completed}, "files of rolled-back writes remain"
     # And the table goes on.

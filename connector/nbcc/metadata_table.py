@@ -32,7 +32,7 @@ import pyarrow.compute as pc
 
 from . import bloom
 from .clock import LockGrant
-from .config import DELETE, TABLE_CONFIG_PATH, UPSERT
+from .config import DELETE, TABLE_CONFIG_PATH, UPSERT, TableConfig
 from .errors import InvalidOptionError, NbccError
 from .reader import read_columns
 from .schema import RECORD_KEY_COL, constant_strings
@@ -133,12 +133,12 @@ def active_kinds(storage: Storage) -> list[str]:
 
 # -- the metadata table itself -------------------------------------------------------------------
 
-_OPEN: dict[str, Any] = {}
+_OPEN: dict[tuple, Any] = {}
 _OPEN_LOCK = threading.Lock()
 
 
 def metadata_storage(storage: Storage) -> Storage:
-    return Storage(f"{storage.uri}/{METADATA_DIR}", storage.storage_options)
+    return storage.child(METADATA_DIR)
 
 
 def open_metadata_table(storage: Storage, create: bool = False):
@@ -146,21 +146,22 @@ def open_metadata_table(storage: Storage, create: bool = False):
     from .errors import TableExistsError, TableNotFoundError
     from .table import Table
 
-    uri = f"{storage.uri}/{METADATA_DIR}"
-    key = f"{uri}|{sorted(storage.storage_options.items())}"
+    mdt_storage = metadata_storage(storage)
+    key = mdt_storage.identity()
     with _OPEN_LOCK:
         if key in _OPEN:  # its table.json never changes: open it once per process
             return _OPEN[key]
     try:
-        table = Table.open(uri, storage.storage_options)
+        table = Table.open_at(mdt_storage)
     except TableNotFoundError:
         if not create:
             return None
         try:
-            table = Table.create(uri, SCHEMA, "key", partition_by="kind", buckets=1, merge_mode="commit_time",
-                                 storage_options=storage.storage_options, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
+            table = Table.create_at(mdt_storage, TableConfig.build(
+                SCHEMA, "key", partition_by="kind", buckets=1, merge_mode="commit_time",
+                heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
         except TableExistsError:  # another indexer created it first
-            table = Table.open(uri, storage.storage_options)
+            table = Table.open_at(mdt_storage)
     with _OPEN_LOCK:
         _OPEN[key] = table
     return table

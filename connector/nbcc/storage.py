@@ -229,6 +229,15 @@ class Storage:
     def full_path(self, rel: str) -> str:
         return f"{self.root}/{rel}" if rel else self.root
 
+    def child(self, rel: str) -> "Storage":
+        """The storage of the folder `rel` (the metadata table's, a table of its own), reached
+        the same way as this one."""
+        return Storage(f"{self.uri}/{rel}", self.storage_options)
+
+    def identity(self) -> tuple:
+        """What tells two Storage objects apart for caches of per-table state."""
+        return (self.uri, tuple(sorted((k, repr(v)) for k, v in self.storage_options.items())))
+
     def _retry(self, what: str, path: str, call: Callable[[], _T],
                retry_on: Callable[[BaseException], bool] = is_transient,
                outcome: Callable[[], str] = lambda: "", deadline: float | None = None) -> _T:

@@ -89,14 +89,23 @@ class Table:
         config = TableConfig.build(schema, record_key, ordering_field=ordering_field,
                                    partition_by=partition_by, buckets=buckets, merge_mode=merge_mode,
                                    lock_lease_ms=lock_lease_ms, heartbeat_timeout_s=heartbeat_timeout_s)
-        storage = Storage(uri, dict(storage_options or {}))
+        return cls.create_at(Storage(uri, dict(storage_options or {})), config)
+
+    @classmethod
+    def create_at(cls, storage: Storage, config: TableConfig) -> "Table":
+        """`create` with a storage and a config already made (the metadata table's)."""
         if not storage.put_if_absent(TABLE_CONFIG_PATH, config.to_json()):
-            raise TableExistsError(f"{uri} already holds an nbcc table; open it with nbcc.Table.open")
+            raise TableExistsError(f"{storage.uri} already holds an nbcc table; open it with nbcc.Table.open")
         return cls(storage, config)
 
     @classmethod
     def open(cls, uri: str, storage_options: Mapping[str, Any] | None = None) -> "Table":
-        storage = Storage(uri, dict(storage_options or {}))
+        return cls.open_at(Storage(uri, dict(storage_options or {})))
+
+    @classmethod
+    def open_at(cls, storage: Storage) -> "Table":
+        """`open` with a storage already made (the metadata table's)."""
+        uri = storage.uri
         try:
             raw = storage.read_bytes(TABLE_CONFIG_PATH)
         except (FileNotFoundError, NotADirectoryError):
