@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import pytest
@@ -157,3 +158,60 @@ def test_every_problem_is_reported_at_once():
         evolve_schema(TABLE, incoming)
     assert "'id'" in str(err.value) and "'ts'" in str(err.value)
 
+
+
+# -- names Spark cannot tell apart; times with and without a zone --------------------------------
+
+ZONED = pa.schema([("id", pa.int64()), ("name", pa.string()), ("at", pa.timestamp("us", tz="UTC")),
+                   ("wall", pa.timestamp("us"))])
+
+
+def test_a_column_differing_from_a_table_column_only_in_case_is_refused():
+    with pytest.raises(SchemaError, match="'Name' differs only in letter case from the table's column 'name'"):
+        evolve_schema(ZONED, pa.schema([("id", pa.int64()), ("Name", pa.string())]))
+    with pytest.raises(SchemaError, match="'x' and 'X'"):
+        evolve_schema(ZONED, pa.schema([("id", pa.int64()), ("x", pa.string()), ("X", pa.string())]))
+    with pytest.raises(SchemaError, match="reserved prefix"):
+        evolve_schema(ZONED, pa.schema([("id", pa.int64()), ("_NBCC_commit_time", pa.string())]))
+    # The table's own spelling, and a genuinely new name, are fine.
+    assert evolve_schema(ZONED, pa.schema([("id", pa.int64()), ("name", pa.string()), ("names", pa.string())])
+                         ).names == ["id", "name", "at", "wall", "names"]
+
+
+def test_a_table_cannot_be_created_with_names_spark_cannot_tell_apart(tmp_path):
+    import nbcc
+    with pytest.raises(SchemaError, match="'v' and 'V'"):
+        nbcc.Table.create(str(tmp_path / "a"), pa.schema([("id", pa.int64()), ("v", pa.int64()), ("V", pa.int64())]), "id")
+    with pytest.raises(SchemaError, match="reserved prefix"):
+        nbcc.Table.create(str(tmp_path / "b"), pa.schema([("id", pa.int64()), ("_Nbcc_x", pa.int64())]), "id")
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("column, incoming", [
+    ("at", pa.timestamp("us")),  # a wall-clock time into an instant column
+    ("wall", pa.timestamp("us", tz="UTC")),  # an instant into a wall-clock column
+    ("wall", pa.timestamp("ms", tz="Europe/Paris")),
+])
+def test_times_with_and_without_a_zone_do_not_widen_to_each_other(column, incoming):
+    with pytest.raises(SchemaError, match=re.escape(f"column '{column}' has type {incoming} in the data")):
+        evolve_schema(ZONED, pa.schema([("id", pa.int64()), (column, incoming)]))
+    nested = pa.schema([("s", pa.struct([("t", pa.timestamp("us", tz="UTC"))]))])
+    with pytest.raises(SchemaError, match="column 's'"):
+        evolve_schema(nested, pa.schema([("s", pa.struct([("t", pa.timestamp("us"))]))]))
+
+
+def test_times_widen_to_a_finer_unit_and_across_zones():
+    got = evolve_schema(ZONED, pa.schema([("id", pa.int64()), ("at", pa.timestamp("ms", tz="Asia/Tokyo")),
+                                          ("wall", pa.timestamp("s"))]))
+    assert got == ZONED
+
+
+def test_a_partition_value_equal_to_the_null_folder_name_writes_nothing(tmp_path):
+    import nbcc
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string()), ("x", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", partition_by="p")
+    table.write(pa.table({"id": [1], "p": [None], "x": [10]}, schema=schema))
+    with pytest.raises(SchemaError, match="partition column 'p' has 1 value.* equal to '__HIVE_DEFAULT_PARTITION__'"):
+        table.write(pa.table({"id": [1, 2], "p": ["__HIVE_DEFAULT_PARTITION__", "a"], "x": [20, 30]}, schema=schema))
+    assert table.read().to_pylist() == [{"id": 1, "p": None, "x": 10}]
+    assert [i.action for i in table.timeline()] == ["deltacommit"]

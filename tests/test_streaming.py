@@ -911,3 +911,16 @@ def test_micro_batches_under_random_storage_faults_commit_exactly_once(tmp_path)
     final.clean(heartbeat_timeout_s=0)  # what failed attempts left: rolled back, never shown
     expected = pa.concat_tables([rows(s, b, t) for s in ("s1", "s2") for b in range(batches) for t in range(tasks)])
     assert final.read().sort_by("id").to_pydict() == expected.sort_by("id").to_pydict()
+
+
+def test_a_batch_whose_only_task_with_rows_failed_is_rolled_back_at_once(spark, tmp_path):
+    # A failed task sends Spark no message, so the sink's abort learns the batch's instant from
+    # its claim: it is rolled back now, not left pending until the cleaner's heartbeat timeout.
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
+    bad = pa.table({"id": [1, 2], "v": ["a", "b"], "ts": [1, None]}, schema=ARROW_SCHEMA)
+    inputs = _inputs(tmp_path / "in", [bad])
+    with pytest.raises(StreamingQueryException, match="ordering_field 'ts' has 1 null"):
+        _run(_sink(_file_stream(spark, inputs), uri, ckpt, stream_id="orders"))
+    timeline = nbcc.Table.open(uri).timeline()
+    assert [i.state for i in timeline] == ["rolledback"]
+    assert not [n for n in os.listdir(uri) if timeline[0].instant in n]

@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from .errors import InvalidOptionError, NbccError, SchemaError, TableConfigError
-from .schema import META_PREFIX, check_column, check_names, plain_type, schema_from_json, schema_to_json
+from .schema import META_PREFIX, check_column, check_names, is_reserved, plain_type, schema_from_json, schema_to_json
 
 FORMAT_VERSION = 1
 TABLE_CONFIG_PATH = ".nbcc/table.json"
@@ -32,6 +32,14 @@ DEFAULT_LOCK_LEASE_MS = 30_000
 # alone and up to hundreds of ms on a loaded machine or object store.
 MIN_LOCK_LEASE_MS = 1_000
 DEFAULT_HEARTBEAT_TIMEOUT_S = 300
+
+
+def check_write_operation(operation: str, overwrite: bool) -> None:
+    """The write's operation and mode, checked before anything (a first write's table) exists."""
+    if operation not in OPERATIONS:
+        raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
+    if operation == DELETE and overwrite:
+        raise InvalidOptionError("operation=delete cannot be combined with overwrite mode")
 
 
 def _names(value: str | Sequence[str] | None) -> list[str]:
@@ -257,7 +265,7 @@ class TableConfig:
         # As a write stores them: a schema taken from a pandas or Polars table is accepted.
         schema = pa.schema([f.with_type(plain_type(f.type)) for f in schema], metadata=schema.metadata)
         names = set(schema.names)
-        reserved = [n for n in schema.names if n.startswith(META_PREFIX)]
+        reserved = [n for n in schema.names if is_reserved(n)]
         if reserved:
             raise SchemaError(f"column name(s) {reserved} use the reserved prefix {META_PREFIX!r}; rename them")
         for f in schema:

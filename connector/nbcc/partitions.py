@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .buckets import bucket_ids_for_columns
+from .errors import SchemaError
 from .schema import RECORD_KEY_COL
 
 NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
@@ -26,6 +27,21 @@ def _value_text(value: pa.Scalar) -> str:
         return NULL_PARTITION
     text = pc.cast(value, pa.string()).as_py() if not pa.types.is_string(value.type) else value.as_py()
     return quote(text, safe="")
+
+
+def check_partition_values(data: pa.Table, partition_by: Sequence[str]) -> None:
+    """Refuse a string value equal to NULL_PARTITION: it would share the folder of null values,
+    and its records would be read as null and merged with theirs (one replacing the other)."""
+    for name in partition_by:
+        col = data.column(name)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            same = pc.sum(pc.equal(col, NULL_PARTITION)).as_py()
+            if same:
+                raise SchemaError(
+                    f"partition column {name!r} has {same} value(s) equal to {NULL_PARTITION!r}, the folder "
+                    "name of null values: those rows would be read back as null and merged with the null "
+                    "partition's records. Change those values, or write null"
+                )
 
 
 def partition_path(columns: Sequence[str], values: Sequence[pa.Scalar]) -> str:

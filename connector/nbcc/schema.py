@@ -106,7 +106,9 @@ def _widens(src: pa.DataType, dst: pa.DataType) -> bool:
     if src.equals(dst):
         return True
     if pa.types.is_timestamp(src) and pa.types.is_timestamp(dst):
-        return src.unit == dst.unit or _UNIT_RANK[src.unit] < _UNIT_RANK[dst.unit]
+        # A time without a zone is a wall-clock reading, one with a zone an instant: storing one
+        # as the other would shift it by the session's offset, so neither widens to the other.
+        return (src.tz is None) == (dst.tz is None) and _UNIT_RANK[src.unit] <= _UNIT_RANK[dst.unit]
     pairs = (
         (pa.types.is_signed_integer, pa.types.is_signed_integer),
         (pa.types.is_unsigned_integer, pa.types.is_unsigned_integer),
@@ -135,7 +137,7 @@ def _nested_equal_ignoring_nullability(a: pa.DataType, b: pa.DataType) -> bool:
         if pa.types.is_map(t):
             return ("map", norm(t.key_type), norm(t.item_type))
         if pa.types.is_timestamp(t):
-            return ("timestamp", t.unit)
+            return ("timestamp", t.unit, t.tz is None)
         if pa.types.is_string(t) or pa.types.is_large_string(t):
             return "string"
         return str(t)
@@ -185,11 +187,26 @@ def check_column(name: str, t: pa.DataType) -> None:
 
 
 def check_names(names: Iterable[str], what: str) -> None:
-    """SchemaError if a column name appears twice (Arrow allows it; a table cannot)."""
+    """SchemaError if a column name appears twice (Arrow allows it; a table cannot), also when
+    the copies differ only in letter case: Spark resolves names case-insensitively, so it could
+    read neither column."""
+    names = list(names)
     seen: set[str] = set()
     twice = sorted({n for n in names if n in seen or seen.add(n)})
     if twice:
         raise SchemaError(f"column name(s) {twice} appear more than once in {what}; rename or drop the copies")
+    by_lower: dict[str, list[str]] = {}
+    for n in names:
+        by_lower.setdefault(n.lower(), []).append(n)
+    cased = [" and ".join(map(repr, ns)) for ns in by_lower.values() if len(ns) > 1]
+    if cased:
+        raise SchemaError(f"column names {'; '.join(cased)} in {what} differ only in letter case, which Spark "
+                          "does not tell apart; rename or drop one of each")
+
+
+def is_reserved(name: str) -> bool:
+    """Meta column names are reserved in any letter case (Spark would not tell them apart)."""
+    return name.lower().startswith(META_PREFIX)
 
 
 def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool = False) -> pa.Schema:
@@ -221,12 +238,38 @@ def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool 
         return table_schema
     added = [f.with_type(plain_type(f.type)).with_nullable(True) for f in incoming
              if f.name not in table_schema.names and f.name != IS_DELETED_COL]
-    reserved = [f.name for f in added if f.name.startswith(META_PREFIX)]
+    existing = {n.lower(): n for n in table_schema.names}
+    recased = [(f.name, existing[f.name.lower()]) for f in added if f.name.lower() in existing]
+    if recased:
+        raise SchemaError("; ".join(f"column {new!r} differs only in letter case from the table's column {old!r}"
+                                    for new, old in recased)
+                          + ": Spark does not tell the two apart, so adding it would leave both unreadable "
+                          "there. Write it under the table's spelling")
+    reserved = [f.name for f in added if is_reserved(f.name)]
     if reserved:
         raise SchemaError(f"column name(s) {reserved} use the reserved prefix {META_PREFIX!r}; drop or rename them")
     for f in added:
         check_column(f.name, f.type)
     return pa.schema(list(table_schema) + added) if added else table_schema
+
+
+def nullable_schema(schema: pa.Schema) -> pa.Schema:
+    """`schema` with every field nullable, at every depth but map keys. A table created from a
+    Spark DataFrame takes this: Spark marks literals and array(...) elements not null, and those
+    incidental marks would refuse every later null, as Spark's own Parquet and Delta do not."""
+    def loosen(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_struct(t):
+            return pa.struct([t.field(i).with_type(loosen(t.field(i).type)).with_nullable(True)
+                              for i in range(t.num_fields)])
+        if pa.types.is_map(t):
+            return pa.map_(t.key_field.with_type(loosen(t.key_type)),
+                           t.item_field.with_type(loosen(t.item_type)).with_nullable(True))
+        if pa.types.is_list(t):
+            return pa.list_(t.value_field.with_type(loosen(t.value_type)).with_nullable(True))
+        if pa.types.is_large_list(t):
+            return pa.large_list(t.value_field.with_type(loosen(t.value_type)).with_nullable(True))
+        return t
+    return pa.schema([f.with_type(loosen(f.type)).with_nullable(True) for f in schema], metadata=schema.metadata)
 
 
 def merge_added_columns(base: pa.Schema, later: Iterable[pa.Schema]) -> pa.Schema:

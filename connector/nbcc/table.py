@@ -20,11 +20,11 @@ from .config import (
     DEFAULT_HEARTBEAT_TIMEOUT_S,
     DEFAULT_LOCK_LEASE_MS,
     DELETE,
-    OPERATIONS,
     TABLE_CONFIG_PATH,
     UPSERT,
     WRITE_OPTIONS,
     TableConfig,
+    check_write_operation,
     parse_options,
     parse_table_options,
 )
@@ -151,10 +151,7 @@ class Table:
                       overwrite: bool = False) -> WriteTransaction:
         """Check `incoming_schema` against the table's schema and make the transaction that writes
         it, not begun (a streaming sink begins one instant per micro-batch from it)."""
-        if operation not in OPERATIONS:
-            raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
-        if operation == DELETE and overwrite:
-            raise InvalidOptionError("operation=delete cannot be combined with overwrite mode")
+        check_write_operation(operation, overwrite)
         current = self.schema()
         missing = [c for c in self.config.record_key + self.config.partition_by if c not in incoming_schema.names]
         if missing:

@@ -21,7 +21,7 @@ from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
 from .errors import SchemaError
 from .expr import supported_type
 from .filenames import data_file_path, log_file_name
-from .partitions import split_rows
+from .partitions import check_partition_values, split_rows
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
 
@@ -173,9 +173,25 @@ def check_rows(table: pa.Table, config: TableConfig, table_schema: pa.Schema, op
     every refusal of a write's rows happens here (SchemaError)."""
     check_values(table, config, table_schema, operation)
     data = conform(table, table_schema)
+    _check_nested_nulls(data, table_schema)
+    check_partition_values(data, config.partition_by)
     if len(config.record_key) > 1:
         _check_composite_key_text(data, config.record_key)
     return data
+
+
+def _check_nested_nulls(data: pa.Table, table_schema: pa.Schema) -> None:
+    """A null inside a list, struct or map where the table's type allows none: Arrow's cast to
+    the file schema would refuse it only while the rows are written."""
+    for f in table_schema:
+        if pa.types.is_nested(f.type):
+            try:
+                data.column(f.name).cast(f.type)  # checks the nested fields' nullability
+            except pa.ArrowInvalid:
+                raise SchemaError(
+                    f"column {f.name!r} holds a null inside a value where the table's type {f.type} "
+                    "allows none (an element, field or map value marked not null); fill it, or drop those rows"
+                ) from None
 
 
 def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema: pa.Schema,

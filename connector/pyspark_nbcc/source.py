@@ -41,7 +41,7 @@ from pyspark.sql.types import StructType
 from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
-from nbcc.config import READ_OPTIONS, WRITE_OPTIONS, TableConfig, parse_options
+from nbcc.config import READ_OPTIONS, WRITE_OPTIONS, TableConfig, check_write_operation, parse_options
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
@@ -58,6 +58,7 @@ from nbcc.scan import (
     read_schema,
     iter_task,
 )
+from nbcc.schema import nullable_schema
 from nbcc.storage import Storage
 from nbcc.writer import LogWriter, coalesced, prepare
 
@@ -164,7 +165,8 @@ class DefaultSource(DataSource):
         operation = options.pop("operation", "upsert")
         max_bytes = options.pop("max_log_file_bytes", None)
         trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
-        table = Table.open_or_create(uri, arrow_schema, storage_options, **options)
+        check_write_operation(operation, overwrite)  # before a first write creates the table
+        table = Table.open_or_create(uri, nullable_schema(arrow_schema), storage_options, **options)
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger)
 

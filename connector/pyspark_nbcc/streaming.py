@@ -42,12 +42,13 @@ from pyspark.sql.types import StructType
 from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
-from nbcc.config import STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, parse_options
+from nbcc.config import STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, check_write_operation, parse_options
 from nbcc.errors import CommitError, InvalidOptionError
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.rollback import rollback_instant
 from nbcc.scan import DEFAULT_MAX_PARTITION_BYTES, ReadOptions, pack_tasks, read_schema
+from nbcc.schema import nullable_schema
 from nbcc.storage import Storage
 from nbcc.stream import (
     Limits,
@@ -55,11 +56,13 @@ from nbcc.stream import (
     claim_batch,
     commit_batch,
     initial_offset,
+    instant_state,
+    latest_claim,
     latest_data_completion,
     next_offset,
     plan_range,
 )
-from nbcc.timeline import REPLACE_COMMIT
+from nbcc.timeline import INFLIGHT, REPLACE_COMMIT, REQUESTED
 from nbcc.writer import LogWriter, coalesced, prepare
 
 from .source import NbccReader, TaskPartition, _spark_schema, _table_uri
@@ -91,7 +94,8 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     operation = parsed.pop("operation", "upsert")
     max_bytes = parsed.pop("max_log_file_bytes", None)
     trigger = (parsed.pop("compaction_delta_commits", None), parsed.pop("compaction_inline", False))
-    table = Table.open_or_create(uri, arrow_schema, storage_options, **parsed)
+    check_write_operation(operation, overwrite)  # before a first write creates the table
+    table = Table.open_or_create(uri, nullable_schema(arrow_schema), storage_options, **parsed)
     template = table.prepare_write(arrow_schema, operation, overwrite)
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
@@ -189,7 +193,15 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[NbccStreamCommitMessage | None], batchId: int) -> None:
         written = [m for m in messages if m is not None and m.instant and not m.committed_before]
-        for instant in sorted({m.instant for m in written}):
+        instants = {m.instant for m in written}
+        # A task that failed sends no message, so when the only tasks with rows failed, the
+        # batch's instant is known from its claim alone (the stream id given, or told by a task).
+        stream_ids = {m.stream_id for m in messages if m is not None and m.stream_id} | {self.stream_id} - {None}
+        for stream_id in sorted(stream_ids):
+            claim = latest_claim(self.storage, stream_id, batchId)
+            if claim and instant_state(self.storage, claim["instant"]) in (REQUESTED, INFLIGHT):
+                instants.add(claim["instant"])
+        for instant in sorted(instants):
             files = [f for m in written if m.instant == instant for f in m.files]
             # Never undoes a completed instant (rollback checks under the table lock).
             rollback_instant(self.storage, self.template.clock, instant, self.template.partition_depth, files,

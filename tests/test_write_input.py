@@ -1,0 +1,52 @@
+"""What a write accepts and what it refuses before anything is written, through the Python API
+and through Spark: nullability that a Spark DataFrame marks by accident, nulls nested where the
+table allows none, and option combinations checked before a first write creates its table."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import nbcc
+from nbcc.errors import InvalidOptionError, SchemaError
+
+
+def test_a_table_created_by_spark_does_not_keep_the_dataframes_incidental_not_null_marks(spark, tmp_path):
+    # Literals and array(...) elements are "not null" in Spark; Spark's Parquet and Delta tables
+    # make written columns nullable, and so does a table created by a first Spark write.
+    uri = str(tmp_path / "t")
+    first = spark.sql("select 1L id, 1L ts, date'2024-01-01' d, array(1, 2) xs, named_struct('a', 1) s")
+    first.write.format("nbcc").option("record_key", "id").option("ordering_field", "ts").mode("append").save(uri)
+    later = spark.sql("select 2L id, 2L ts, cast(null as date) d, array(3, null) xs, named_struct('a', cast(null as int)) s")
+    later.write.format("nbcc").mode("append").save(uri)
+    spark.sql("select 3L id, 3L ts").write.format("nbcc").mode("append").save(uri)  # d, xs, s left out
+    rows = {r["id"]: r for r in spark.read.format("nbcc").load(uri).collect()}
+    assert rows[1]["d"] == dt.date(2024, 1, 1) and rows[1]["xs"] == [1, 2] and rows[1]["s"]["a"] == 1
+    assert rows[2]["d"] is None and rows[2]["xs"] == [3, None] and rows[2]["s"]["a"] is None
+    assert rows[3]["d"] is None and rows[3]["xs"] is None
+
+
+def test_a_null_nested_where_the_table_allows_none_writes_nothing(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("xs", pa.list_(pa.field("item", pa.int64(), nullable=False)))])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id")
+    table.write(pa.table({"id": [1], "xs": [[1, 2]]}, schema=schema))
+    with pytest.raises(SchemaError, match="column 'xs' holds a null inside a value where the table's type"):
+        table.write(pa.table({"id": [2], "xs": pa.array([[3, None]], pa.list_(pa.int64()))}))
+    assert [i.state for i in table.timeline()] == ["completed"]  # refused before an instant began
+    assert table.read().to_pylist() == [{"id": 1, "xs": [1, 2]}]
+
+
+def test_a_first_spark_write_with_options_that_cannot_go_together_creates_no_table(spark, tmp_path):
+    uri = tmp_path / "t"
+    df = spark.sql("select 1L id, 1L ts")
+    with pytest.raises(Exception, match="operation=delete cannot be combined with overwrite mode"):
+        df.write.format("nbcc").option("record_key", "id").option("operation", "delete").mode("overwrite").save(str(uri))
+    with pytest.raises(Exception, match="option 'operation' must be one of upsert, delete; got 'merge'"):
+        df.write.format("nbcc").option("record_key", "id").option("operation", "merge").mode("append").save(str(uri))
+    assert not Path(uri).exists() or not any(Path(uri).rglob("*"))
+    with pytest.raises(InvalidOptionError, match="operation=delete cannot be combined"):
+        nbcc.Table.create(str(tmp_path / "py"), pa.schema([("id", pa.int64())]), "id").write(
+            pa.table({"id": [1]}), operation="delete", mode="overwrite")
