@@ -95,7 +95,7 @@ def main() -> None:
     for i in nbcc.Table.open(uri).timeline():
         print(f"  {i.instant:<19}{i.action:<14}{i.state:<11}{i.completion}")
     for s in lock_stats:
-        print(f"\ntable lock, Python writer: {s.acquisitions} commits, longest hold {s.max_hold_ms:.1f} ms, "
+        print(f"\ntable lock, Python writer: {s.acquisitions} lock holds (two per commit: its instant, its completion), longest hold {s.max_hold_ms:.1f} ms, "
               f"longest wait {s.max_wait_ms:.1f} ms, lost races {s.cas_conflicts}")
     spark.stop()
 

@@ -215,6 +215,9 @@ def test_compact_schedule_only_says_when_a_compaction_is_pending(local_table, ca
     assert code == 0
     assert out.strip() == (f"nothing new to compact: compaction {tc} is pending; run it with "
                            f"`nbcc compact {uri} --instant {tc}`")
+    # With storage options (a local table ignores S3 ones), the command to copy needs them too.
+    code, out, _ = run(capsys, "compact", uri, "--schedule-only", "--storage-option", "key=k")
+    assert out.strip().endswith(f"--instant {tc}` (with the same --storage-option flags)")
     assert table.pending_compactions() == [tc]
     assert run(capsys, "compact", uri, "--instant", tc)[0] == 0  # the command it suggested
     assert table.pending_compactions() == []

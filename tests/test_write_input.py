@@ -1,6 +1,7 @@
 """What a write accepts and what it refuses before anything is written, through the Python API
 and through Spark: nullability that a Spark DataFrame marks by accident, nulls nested where the
-table allows none, and option combinations checked before a first write creates its table."""
+table allows none, option combinations checked before a first write creates its table; and the
+error a batch read gives for a bad option."""
 
 from __future__ import annotations
 
@@ -50,3 +51,12 @@ def test_a_first_spark_write_with_options_that_cannot_go_together_creates_no_tab
     with pytest.raises(InvalidOptionError, match="operation=delete cannot be combined"):
         nbcc.Table.create(str(tmp_path / "py"), pa.schema([("id", pa.int64())]), "id").write(
             pa.table({"id": [1]}), operation="delete", mode="overwrite")
+
+
+def test_a_batch_read_option_error_is_not_mixed_with_the_stream_readers(spark, tmp_path):
+    # schema() serves readStream too; a batch-only option (as_of) means a batch read was meant.
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id").write(pa.table({"id": [1]}))
+    with pytest.raises(Exception, match="as_of='yesterday' is not a time") as err:
+        spark.read.format("nbcc").option("as_of", "yesterday").load(uri).collect()
+    assert "readStream" not in str(err.value) and "unknown streaming read option" not in str(err.value)

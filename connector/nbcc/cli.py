@@ -160,12 +160,13 @@ def cmd_compact(args: argparse.Namespace) -> int:
             print("nothing to compact")
             return 0
         # Nothing new to plan because the file groups with log files are planned already.
+        same = " (with the same --storage-option flags)" if args.storage_options else ""
         if len(pending) == 1:
             print(f"nothing new to compact: compaction {pending[0]} is pending; run it with "
-                  f"`nbcc compact {table.uri} --instant {pending[0]}`")
+                  f"`nbcc compact {table.uri} --instant {pending[0]}`{same}")
         else:
             print(f"nothing new to compact: compactions {', '.join(pending)} are pending; run them with "
-                  f"`nbcc compact {table.uri}`")
+                  f"`nbcc compact {table.uri}`{same}")
         return 0
     if args.instant is not None:
         inst = compaction_to_run(table.storage, args.instant, "--instant")

@@ -41,7 +41,7 @@ from pyspark.sql.types import StructType
 from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
-from nbcc.config import READ_OPTIONS, WRITE_OPTIONS, TableConfig, check_write_operation, parse_options
+from nbcc.config import READ_OPTIONS, STREAM_READ_OPTIONS, WRITE_OPTIONS, TableConfig, check_write_operation, parse_options
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
@@ -150,6 +150,11 @@ class DefaultSource(DataSource):
             try:
                 return stream_read_schema(self.options)
             except InvalidOptionError as stream_error:
+                # Given an option only a batch read knows (as_of, query_type, ...), the user meant
+                # a batch read: its complaint alone is the one that helps.
+                batch_only = {k.lower() for k in self.options} & (set(READ_OPTIONS) - set(STREAM_READ_OPTIONS))
+                if batch_only or str(stream_error) == str(batch_error):
+                    raise batch_error from None
                 raise InvalidOptionError(f"{batch_error}; as spark.readStream: {stream_error}") from None
         return _spark_schema(read_schema(table.storage, table.config, options))
 
