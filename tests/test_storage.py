@@ -346,8 +346,10 @@ def test_errors_that_asking_again_cannot_fix_are_not_retried(faulty, op, call):
     faulty.put_if_absent("meta/a.json", b"a")
     calls = faulty.faults.calls[op]
     faulty.faults.plan(op, PermissionError(errno.EACCES, "Access Denied"))
-    with pytest.raises(PermissionError, match="Access Denied"):
+    # On S3 access denied is a StorageError that says what to check, raised from the original.
+    with pytest.raises(StorageError if faulty.is_s3 else PermissionError, match="Access Denied") as err:
         call(faulty)
+    assert isinstance(err.value if not faulty.is_s3 else err.value.__cause__, PermissionError)
     assert faulty.faults.calls[op] == calls + 1
     assert sorted(plain(faulty).list_names("meta")) == ["a.json"]
     assert plain(faulty).read_bytes("meta/a.json") == b"a"
@@ -657,3 +659,16 @@ def test_a_retry_stopped_by_its_deadline_reports_the_last_failure(memory_uri):
                                            r"an attempt may have replaced the file"):
         st.replace("meta/a.json", b"new", deadline=time.monotonic() + 0.3)
     assert st.calls == 2
+
+
+def test_wrong_s3_credentials_and_an_endpoint_without_scheme_say_what_to_fix(s3_table, monkeypatch):
+    import moto.settings
+    uri, opts = s3_table
+    nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options=opts)
+    monkeypatch.setattr(moto.settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)  # the server checks keys now
+    with pytest.raises(StorageError, match="access denied .*check the storage options key, secret and profile"):
+        nbcc.Table.open(uri, {**opts, "key": "wrong", "secret": "wrong"})
+    monkeypatch.undo()
+    bare = opts["endpoint_url"].removeprefix("http://")
+    with pytest.raises(nbcc.InvalidOptionError, match=f"endpoint_url='{bare}' needs its scheme: http://{bare}"):
+        nbcc.Table.open(uri, {**opts, "endpoint_url": bare})

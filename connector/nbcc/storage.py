@@ -182,6 +182,10 @@ def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
         log.debug("storage options %s ignored: %s is not on S3", sorted(options), uri)
         return {}
     opts = {name: _coerce(name, value) for name, value in options.items()}
+    endpoint = opts.get("endpoint_url")
+    if endpoint is not None and not str(endpoint).lower().startswith(("http://", "https://")):
+        raise InvalidOptionError(f"storage option endpoint_url={endpoint!r} needs its scheme: "
+                                 f"http://{endpoint} or https://{endpoint}")
     region = opts.pop("region_name", None)
     if region is not None:  # s3fs takes it only inside client_kwargs
         client = opts.get("client_kwargs") or {}
@@ -306,6 +310,10 @@ class Storage:
         if isinstance(exc, FileNotFoundError) and "bucket does not exist" in str(exc):
             raise StorageError(f"{what} {path} failed: the bucket of {self.uri} does not exist; create it "
                                "or correct the URI") from exc
+        if isinstance(exc, PermissionError):  # s3fs's form of 403, InvalidAccessKeyId, ...
+            raise StorageError(f"{what} {path} failed: access denied ({exc}); check the storage options "
+                               "key, secret and profile (or the AWS_* variables), and that they may use "
+                               f"{self.uri}") from exc
         botocore = sys.modules.get("botocore.exceptions")
         if botocore is not None and isinstance(exc, botocore.BotoCoreError):
             hint = ""
