@@ -74,12 +74,13 @@ def build_file_slices(
         barriers = sorted(base_of)  # ascending, for bisect
         members: dict[str, list[LogFile]] = defaultdict(list)
         older: list[tuple[str, LogFile]] = []  # completed before every base file
+        # The logs that the plans of the two newest barriers list (None: plan not known).
+        listed: dict[int, Collection[str] | None] = {}
+        if planned_logs and logs[fg]:
+            listed = {j: planned_logs(fg, barriers[j]) for j in range(max(0, len(barriers) - 2), len(barriers))}
         for completion, log in logs[fg]:
             i = bisect.bisect_left(barriers, completion) - 1  # greatest barrier < completion
-            while planned_logs and len(barriers) - 2 <= i + 1 < len(barriers):
-                listed = planned_logs(fg, barriers[i + 1])
-                if listed is None or log.name in listed:
-                    break
+            while listed.get(i + 1) is not None and log.name not in listed[i + 1]:
                 i += 1  # published after the next barrier's plan was made: after that barrier
             if i >= 0:
                 members[barriers[i]].append(log)

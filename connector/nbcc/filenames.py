@@ -10,6 +10,7 @@ merging (RFC-66): instant, then version as an integer, then token as three integ
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Union
 
@@ -43,11 +44,11 @@ class LogFile:
     version: int
     token: str
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         return f"{self.file_group_id}_{self.instant}{LOG_MARK}{self.version}_{self.token}"
 
-    @property
+    @functools.cached_property  # frozen, so computed once (parse_data_file's results are shared)
     def order_key(self) -> tuple:
         return (self.instant, self.version, _parse_token(self.token))
 
@@ -58,7 +59,7 @@ class BaseFile:
     token: str
     instant: str
 
-    @property
+    @functools.cached_property
     def name(self) -> str:
         return f"{self.file_group_id}_{self.token}_{self.instant}{BASE_SUFFIX}"
 
@@ -66,6 +67,9 @@ class BaseFile:
 DataFile = Union[LogFile, BaseFile]
 
 
+# File slicing parses every data file name of a table at every plan (a clean, at every time of
+# its window): a name always stands for the same file, so parses are remembered.
+@functools.lru_cache(maxsize=1 << 17)
 def parse_data_file(name: str) -> DataFile:
     """Parse a data file name; ValueError for anything that is not one."""
     fg, sep, rest = name.partition("_")
