@@ -108,8 +108,8 @@ def active_timeline_files(uri: str) -> list[str]:
 
 def new_table(uri: str, **kw) -> nbcc.Table:
     kw.setdefault("buckets", 2)
-    return nbcc.Table.create(uri, SCHEMA, "id", ordering_field="ts", partition_by="part",
-                             heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, **kw)
+    kw.setdefault("heartbeat_timeout_s", HEARTBEAT_TIMEOUT_S)
+    return nbcc.Table.create(uri, SCHEMA, "id", ordering_field="ts", partition_by="part", **kw)
 
 
 # -- child processes ---------------------------------------------------------------------------
@@ -379,7 +379,10 @@ def test_two_processes_running_one_compaction_plan_at_once_cannot_corrupt_the_ta
 
 def test_a_live_writer_is_never_rolled_back_and_a_killed_one_is_once_its_heartbeat_expires(local_table, children):
     uri, _ = local_table
-    table = new_table(uri)
+    # The live child beats every 0.3 s: a timeout of 6 s leaves room for a child starved of CPU
+    # for seconds on a loaded machine, which must not pass for a dead one.
+    timeout_s = 6
+    table = new_table(uri, heartbeat_timeout_s=timeout_s)
     ref = Ref()
     ref.write(table, KEYS, "c0")
     expected = ref.expected()
@@ -393,7 +396,7 @@ def test_a_live_writer_is_never_rolled_back_and_a_killed_one_is_once_its_heartbe
 
     # Alive (heartbeat refreshed): not rolled back, though it has been going for longer than the
     # timeout, by neither the rollback nor the cleaner.
-    alive_until = time.monotonic() + 2.5 * HEARTBEAT_TIMEOUT_S
+    alive_until = time.monotonic() + 1.5 * timeout_s
     while time.monotonic() < alive_until:
         assert table.rollback_failed_writes() == []
         assert table.clean()["rolled_back"] == []
