@@ -16,8 +16,6 @@ os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 os.environ.setdefault("AWS_EC2_METADATA_DISABLED", "true")
 logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access log
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-
 
 @pytest.fixture(scope="session")
 def spark():

@@ -17,7 +17,10 @@ tests/test_soak.py runs a short version of it in `make test`. On one table (even
 - 2 readers read the table over and over: one through the Python API, one through Spark's batch
   source (`spark.read.format("nbcc")`).
 
-Then everything is stopped (each stage bounded in time) and checked.
+Then everything is stopped (each stage bounded in time) and checked. Between stopping the writers
+(and draining the stream) and stopping the services, the cleaner runs once more on the quiet table,
+cleaning and archiving, so that every run has cleaned and archived at least once however short it
+is, and the final checks then read a table that was cleaned and archived.
 
 The data. Commit `seq` of writer `slot` (slots 0-3: the processes, slot 4: the stream's files)
 carries the marker `tag` = "<slot>-<seq>" on all its rows and writes
@@ -37,9 +40,10 @@ well-defined state: exactly the data commits completed at or before T (call them
   reference fold of every commit in C, computed from what every writer wrote. This covers the
   shared keys, where later winners hide earlier rows.
 
-At the end the snapshot (Python API and Spark) equals reference(latest), every commit a writer
-returned is on the timeline, every commit on the timeline was written by someone, nothing is
-left pending or rolled back, and no commit failed. The run prints commits/s, rows/s, failed
+At the end the snapshot (Python API, and Spark both as of the latest completion and without as_of)
+equals reference(latest), every commit a writer returned is on the timeline, every commit on the
+timeline was written by someone, nothing is left pending or rolled back, no commit failed, and
+the cleaner deleted files and archived instants. The run prints commits/s, rows/s, failed
 commits, retries and the longest lock wait; `--out` writes the whole summary as JSON.
 
 The figures: commits/s and rows/s count every data commit over the load phase (from the start
@@ -277,6 +281,12 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
+def _quiet_clean_done(path: Path) -> bool:
+    """Whether the cleaner's log (which it may be appending to) has a run on the quiet table."""
+    text = path.read_text() if path.exists() else ""
+    return any(json.loads(line).get("quiet") for line in text.split("\n")[:-1] if line.strip())
+
+
 def _append(path: Path, record: dict[str, Any]) -> None:
     with open(path, "a") as f:
         f.write(json.dumps(record) + "\n")
@@ -285,6 +295,7 @@ def _append(path: Path, record: dict[str, Any]) -> None:
 # -- the processes: writers, compactor, cleaner ----------------------------------------------------
 
 READS_DIR = "reads"  # in the work folder: one file per reader naming the as_of it is reading
+QUIET = "quiet"  # in the work folder: written once the writers stopped and the stream drained
 
 
 def _retain_for_reads(table: nbcc.Table, work: Path, minimum: int) -> int:
@@ -319,6 +330,7 @@ def _role_main(role: str, config_path: Path, slot: int) -> int:
     if not _wait_for(lambda: (work / "go").exists() or time.time() > deadline, 2 * START_TIMEOUT_S):
         return 2
     stop = work / ("stop" if role == "writer" else "services-stop")
+    quiet = work / QUIET  # the writers stopped and the stream drained: the cleaner's last round
     failures = 0
     n = 0
     while not stop.exists() and time.time() < deadline:
@@ -332,11 +344,12 @@ def _role_main(role: str, config_path: Path, slot: int) -> int:
             elif role == "compactor":
                 record["instant"] = table.compact()
             else:
+                record["quiet"] = quiet.exists()  # this run started on the quiet table
                 retain = _retain_for_reads(table, work, cfg["retain_commits"])
                 result = table.clean(retain_commits=retain)
                 record.update(instant=result.get("instant"), retain=retain, deleted=len(result["deleted"]),
                               rolled_back=result["rolled_back"])
-                if n % ARCHIVE_EVERY_CLEANS == ARCHIVE_EVERY_CLEANS - 1:
+                if n % ARCHIVE_EVERY_CLEANS == ARCHIVE_EVERY_CLEANS - 1 or record["quiet"]:
                     record["archived"] = table.archive(retain_commits=retain)["archived"]
             record["ok"] = True
         except Exception as exc:  # noqa: BLE001 - recorded: a failed commit / service run
@@ -640,14 +653,19 @@ def run_soak(spark, uri: str, storage_options: dict[str, Any] | None, work: Path
             problems.append(f"the streaming query did not commit every file fed in time "
                             f"({streamer.completed_batches()} of {streamer.fed})")
         load_s = time.monotonic() - began
-        (work / "services-stop").write_text("stop")
-        if not _wait_for(lambda: all(p.poll() is not None for p in services), STOP_TIMEOUT_S, 0.1):
-            problems.append("the compactor or the cleaner did not stop in time")
-        # One more read each of the quiet table, then stop the readers.
+        # One more read each of the quiet table (so that the readers' as_of is the latest), then
+        # one more clean and archive of it, then stop the services and the readers.
         marks = [len(r.reads) for r in readers]
         if not _wait_for(lambda: all(len(r.reads) > m + 1 or r.error for r, m in zip(readers, marks)),
                          STOP_TIMEOUT_S, 0.1):
             problems.append("the readers did not read the quiet table in time")
+        (work / QUIET).write_text("quiet")
+        if not _wait_for(lambda: _quiet_clean_done(work / "cleaner.jsonl") or procs["cleaner"].poll() is not None,
+                         STOP_TIMEOUT_S, 0.1):
+            problems.append("the cleaner did not clean the quiet table in time")
+        (work / "services-stop").write_text("stop")
+        if not _wait_for(lambda: all(p.poll() is not None for p in services), STOP_TIMEOUT_S, 0.1):
+            problems.append("the compactor or the cleaner did not stop in time")
         for r in readers:
             if not r.stop(STOP_TIMEOUT_S):
                 problems.append(f"{r.name} did not stop in time")
@@ -761,6 +779,12 @@ def analyse(table: nbcc.Table, work: Path, *, keys: int, streamer: StreamWriter 
                          key=lambda r: r["id"])
     if spark_final != reference.final:
         problems.append("Spark's final read differs from the reference: " + _diff(spark_final, reference.final))
+    # Everything has stopped, so the latest snapshot (no as_of) is reference(latest) too.
+    spark_latest = sorted(_spark_source(spark, storage_options).load(uri).toArrow().select(COLUMNS).to_pylist(),
+                          key=lambda r: r["id"])
+    if spark_latest != reference.final:
+        problems.append("Spark's final read without as_of differs from the reference: "
+                        + _diff(spark_latest, reference.final))
 
     # The figures.
     lock_waits = [float(m.get("lock_wait_ms", 0.0)) for m in metadata.values()]
@@ -799,8 +823,15 @@ def analyse(table: nbcc.Table, work: Path, *, keys: int, streamer: StreamWriter 
         "files_cleaned": sum(r["deleted"] for r in cleans),
         "instants_archived": sum(r.get("archived", 0) for r in cleans),
         "final_rows": final.num_rows,
-        "final_matches_reference": got == reference.final and spark_final == reference.final,
+        "final_matches_reference": got == reference.final and spark_final == reference.final
+                                   and spark_latest == reference.final,
     }
+    if not any(r.get("quiet") for r in cleans):
+        problems.append("the cleaner never cleaned the quiet table")
+    if summary["files_cleaned"] == 0:
+        problems.append("the cleaner deleted no file in the whole run")
+    if summary["instants_archived"] == 0:
+        problems.append("the cleaner archived no instant in the whole run")
     if failed:
         problems.insert(0, f"{len(failed)} failed commit(s): {failed[:5]}")
     if not all_reads or any(len(r.reads) < 2 for r in readers):

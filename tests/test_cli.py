@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -410,8 +411,11 @@ def test_readme_documents_every_command_and_option():
             for flag in action.option_strings:
                 if flag not in ("-h", "--help"):
                     assert f"{flag}" in section, (command, flag)
-    for status in ("0", "1", "2"):
-        assert f"{status} when" in section or f"{status} on" in section, status
+    # The exit statuses, each as a whole number ("10 on" must not pass for "0 on"), in one sentence.
+    text = " ".join(section.split())
+    exits = text[text.index("Exit status:"):]
+    exits = exits[:exits.index(". ")]
+    assert re.findall(r"(?<!\d)(\d+) (?:when|on)\b", exits) == ["0", "1", "2", "130"], exits
     # the columns in the order `nbcc timeline` prints them
     assert "INSTANT, ACTION, STATE, COMPLETION" in section
 

@@ -141,14 +141,15 @@ def test_a_clock_that_goes_backwards_does_not_make_times_go_backwards(local_tabl
 
 
 def test_lock_grant_check_raises_lock_lost_once_half_the_lease_has_passed(memory_uri):
-    gen = TimeGenerator(Storage(memory_uri), lease_ms=200)
+    # A 2 s lease: the first check has 1 s to run even on a loaded machine.
+    gen = TimeGenerator(Storage(memory_uri), lease_ms=2_000)
     with gen.locked() as grant:
         grant.check()  # just taken: well inside the lease
-        time.sleep(0.15)  # > half of the 200 ms lease
+        time.sleep(1.1)  # > half of the 2000 ms lease
         with pytest.raises(LockLostError, match="lease"):
             grant.check()
     # The lock was released on the way out: the next grant is immediate and later.
-    with TimeGenerator(Storage(memory_uri), lease_ms=200, timeout_ms=5_000).locked() as again:
+    with TimeGenerator(Storage(memory_uri), lease_ms=2_000, timeout_ms=5_000).locked() as again:
         again.check()
         assert again.time > grant.time
 

@@ -200,6 +200,15 @@ def test_processes_and_spark_jobs_write_concurrently_without_conflict(spark, tmp
     # Each writer's own commits happen one after another: its instants increase.
     for instants in process_instants.values():
         assert instants == sorted(instants)
+    # The writes really ran at the same time: one began (took its instant) while another was in
+    # flight (between its instant and its completion), and so did a process's and a Spark job's.
+    spark_instants = on_timeline - set(returned)
+    assert len(spark_instants) == SPARK_WRITERS * COMMITS_PER_WRITER
+    overlapping = [(i.instant, j.instant) for i in deltacommits for j in deltacommits
+                   if i.instant < j.instant < i.completion]
+    assert overlapping, "no two writes overlapped: the test ran them one after another"
+    assert any((a in spark_instants) != (b in spark_instants) for a, b in overlapping), \
+        "no process write overlapped a Spark write"
 
     # -- the final snapshot -----------------------------------------------------------------
     expected = _reference([row for rows in data.values() for row in rows])

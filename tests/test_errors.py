@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -311,6 +312,23 @@ def test_a_damaged_table_json_names_the_table_and_the_problem(table):
         config.write_text(damaged)
         with pytest.raises(TableConfigError, match=f"the nbcc table at {table.uri} cannot be opened: .*{problem}"):
             nbcc.Table.open(table.uri)
+
+
+@pytest.mark.parametrize("version", [2, 0])
+def test_a_table_of_another_format_version_is_refused_and_the_message_says_so(table, version):
+    # format.md §3: `format_version` is 1, and a reader MUST refuse any other value.
+    config = Path(table.uri, ".nbcc", "table.json")
+    doc = json.loads(config.read_text())
+    assert doc["format_version"] == 1
+    before_files, before_rows = _files(table.uri), table.read().sort_by("id").to_pylist()
+    config.write_text(json.dumps({**doc, "format_version": version}, indent=2))
+    with pytest.raises(nbcc.NbccError) as err:
+        nbcc.Table.open(table.uri)
+    message = str(err.value)
+    assert f"format version {version} is not supported" in message, message
+    assert "supports 1" in message, message
+    config.write_text(json.dumps(doc, indent=2))
+    _unchanged(nbcc.Table.open(table.uri), before_files, before_rows)
 
 
 def test_write_arguments_are_parsed_like_options(table):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -56,19 +57,43 @@ def test_compact_job_ignores_the_shared_write_options_and_refuses_typos():
             job.job_settings(bad)
 
 
+# The defaults the documentation gives, written down from it (not taken from nbcc.config):
+# format.md §3 (buckets: creation default 16; lock_lease_ms 30000; heartbeat_timeout_s 300),
+# §9.2 (max_log_file_bytes 512 MiB) and the README's option tables (operation upsert;
+# compaction_inline is `true` to also execute the compaction, so false by default).
+DOCUMENTED_DEFAULTS = {"buckets": "16", "lock_lease_ms": "30000", "heartbeat_timeout_s": "300",
+                       "max_log_file_bytes": str(512 * 1024 * 1024), "operation": "upsert",
+                       "compaction_inline": "false"}
+
+
 def test_every_write_option_is_documented_for_spark_submit_jobs():
     """The shared properties file lists every write option, commented out with its default,
     and examples/ingest.py's docstring names every one (it passes them on)."""
-    from nbcc.config import DEFAULT_BUCKETS, DEFAULT_HEARTBEAT_TIMEOUT_S, DEFAULT_LOCK_LEASE_MS, \
-        DEFAULT_MAX_LOG_FILE_BYTES, WRITE_OPTIONS
+    from nbcc.config import WRITE_OPTIONS
 
     conf = (ROOT / "spark_conf/nbcc-defaults.conf").read_text()
     listed = dict(re.findall(r"^# spark\.nbcc\.(\w+)\s+(\S+)$", conf, re.M))
     assert set(WRITE_OPTIONS) <= set(listed), set(WRITE_OPTIONS) - set(listed)
-    assert {k: int(listed[k]) for k in ("buckets", "lock_lease_ms", "heartbeat_timeout_s", "max_log_file_bytes")} == {
-        "buckets": DEFAULT_BUCKETS, "lock_lease_ms": DEFAULT_LOCK_LEASE_MS,
-        "heartbeat_timeout_s": DEFAULT_HEARTBEAT_TIMEOUT_S, "max_log_file_bytes": DEFAULT_MAX_LOG_FILE_BYTES}
-    assert listed["compaction_inline"] == "false"
+    assert {k: listed.get(k) for k in DOCUMENTED_DEFAULTS} == DOCUMENTED_DEFAULTS
 
     docstring = (ROOT / "examples/ingest.py").read_text().split('"""')[1]
     assert [name for name in WRITE_OPTIONS if not re.search(rf"\b{name}\b", docstring)] == []
+
+
+def test_a_table_created_without_settings_gets_the_documented_defaults(tmp_path):
+    """format.md §3: buckets (creation default 16), lock_lease_ms 30000, heartbeat_timeout_s 300,
+    merge_mode event_time with an ordering field and commit_time without; as table.json says."""
+    import pyarrow as pa
+
+    import nbcc
+
+    schema = pa.schema([("id", pa.int64()), ("ts", pa.int64())])
+    for name, ordering, mode in [("with", "ts", "event_time"), ("without", None, "commit_time")]:
+        uri = tmp_path / name
+        nbcc.Table.create(str(uri), schema, "id", ordering_field=ordering)
+        doc = json.loads((uri / ".nbcc" / "table.json").read_text())
+        assert {k: doc.get(k) for k in ("format_version", "buckets", "lock_lease_ms", "heartbeat_timeout_s",
+                                         "merge_mode", "ordering_field")} == {
+            "format_version": 1, "buckets": 16, "lock_lease_ms": 30000, "heartbeat_timeout_s": 300,
+            "merge_mode": mode, "ordering_field": ordering}
+        assert nbcc.Table.open(str(uri)).config.buckets == 16

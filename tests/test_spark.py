@@ -230,14 +230,17 @@ def test_a_write_task_slow_to_produce_rows_is_not_taken_for_dead(local_table):
 
     from pyspark_nbcc.source import DefaultSource
 
+    # 3 s: the task beats several times per timeout, and a beat late by a second or two on a
+    # loaded machine must not make a live task look dead.
+    HEARTBEAT_TIMEOUT_S = 3
     uri, _ = local_table
     table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id",
-                              heartbeat_timeout_s=1)
+                              heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S)
     writer = DefaultSource({"path": uri}).writer(
         StructType([StructField("id", LongType()), StructField("v", StringType())]), False)
 
     def slow_rows():
-        time.sleep(3)  # three heartbeat timeouts before the first row
+        time.sleep(2.5 * HEARTBEAT_TIMEOUT_S)  # more than two heartbeat timeouts before the first row
         yield pa.record_batch({"id": [1, 2], "v": ["a", "b"]})
 
     stop, rolled_back = threading.Event(), []

@@ -69,6 +69,27 @@ def _run(query) -> None:
         raise query.exception()
 
 
+def _process_all_available(query, timeout_s: float = TIMEOUT_S) -> None:
+    """query.processAllAvailable(), which has no timeout of its own, bounded: a query that never
+    catches up is stopped and fails the test instead of hanging the run."""
+    failure: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            query.processAllAvailable()
+        except BaseException as exc:  # noqa: BLE001 - re-raised below
+            failure.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    waiter.join(timeout_s)
+    if waiter.is_alive():
+        query.stop()
+        raise AssertionError(f"the streaming query did not process all available data in {timeout_s} s")
+    if failure:
+        raise failure[0]
+
+
 def _data_commits(uri: str) -> list[dict]:
     """The completed data commits' metadata, read from the timeline files, in completion order."""
     folder = Path(uri) / ".nbcc" / "timeline"
@@ -699,12 +720,12 @@ def test_source_begin_earliest_a_time_or_latest(spark, tmp_path):
 
     query, batches = _collecting_stream(spark, uri, tmp_path / "c-latest", available_now=False, begin="latest")
     try:
-        query.processAllAvailable()
+        _process_all_available(query)
         assert [ids for _, ids in batches if ids] == []
         # Spark records where the stream starts (an empty first batch), so a restart keeps it.
         assert _offset(tmp_path / "c-latest", 0) == {"completion": completions[-1]}
         table.write(_rows(range(15, 20), "a"))
-        query.processAllAvailable()
+        _process_all_available(query)
         assert [ids for _, ids in batches if ids] == [list(range(15, 20))]
     finally:
         query.stop()
@@ -863,14 +884,18 @@ def test_micro_batches_under_random_storage_faults_commit_exactly_once(tmp_path)
                     writer.write(prepare(rows(stream, batch, t), table.config, template.schema, "upsert"))
                     files = writer.close()
                 results[t] = (claim, files)
-            except (nbcc.NbccError, OSError) as exc:
+            except BaseException as exc:  # noqa: BLE001 - seen by run_batch below
                 results[t] = exc
 
-        threads = [threading.Thread(target=task, args=(t,)) for t in range(tasks)]
+        threads = [threading.Thread(target=task, args=(t,), daemon=True) for t in range(tasks)]
         for th in threads:
             th.start()
         for th in threads:
             th.join(TIMEOUT_S)
+        assert not any(th.is_alive() for th in threads), f"a task of {stream} batch {batch} hangs"
+        for r in results:  # only nbcc's own errors are a failed attempt to replay; a raw OSError
+            if isinstance(r, BaseException) and not isinstance(r, nbcc.NbccError):  # fails the test
+                raise r
         if any(not isinstance(r, tuple) for r in results):
             raise nbcc.CommitError(f"a task failed: {results}")
         claims = {r[0].instant for r in results}
@@ -887,19 +912,20 @@ def test_micro_batches_under_random_storage_faults_commit_exactly_once(tmp_path)
                     try:
                         run_batch(stream, batch, run)
                         break
-                    except (nbcc.NbccError, OSError):
+                    except nbcc.NbccError:
                         replays[stream] += 1
                 else:
                     raise AssertionError(f"{stream} batch {batch} never committed")
         except BaseException as exc:  # noqa: BLE001 - re-raised by the test
             errors.append(exc)
 
-    jobs = [threading.Thread(target=stream_job, args=(s,)) for s in ("s1", "s2")]
+    jobs = [threading.Thread(target=stream_job, args=(s,), daemon=True) for s in ("s1", "s2")]
     for j in jobs:
         j.start()
     for j in jobs:
         j.join(TIMEOUT_S)
     faults.enabled = False
+    assert not any(j.is_alive() for j in jobs), "a stream job did not finish"
     assert not errors, errors
     assert faults.total() > 10 and sum(replays.values()) > 0, (faults.injected, replays)
 

@@ -97,6 +97,36 @@ def test_every_row_of_every_log_file_carries_its_commit_instant_and_key(tmp_path
     assert seen == {instants[0]: n, instants[1]: 10}
 
 
+# format.md §11.3's worked examples (buckets=16), with the record key text of §9.4/§11.2: the
+# file group a row lands in and its `_nbcc_record_key`, as a reader of the spec computes them.
+SPEC_KEY_EXAMPLES = [
+    # (record_key, key columns, values, expected `_nbcc_record_key`, expected file group id)
+    (["id"], [("id", pa.string())], ("id1",), "id1", "00000005-0000-0000-0000-000000000000"),
+    (["id"], [("id", pa.string())], ("user_001",), "user_001", "00000012-0000-0000-0000-000000000000"),
+    (["id"], [("id", pa.string())], ("emoji\U0001F600key",), "emoji\U0001F600key",
+     "00000005-0000-0000-0000-000000000000"),
+    (["id"], [("id", pa.int64())], (-7,), "-7", "00000009-0000-0000-0000-000000000000"),
+    (["id", "n"], [("id", pa.string()), ("n", pa.int64())], ("id1", 42), "id:id1,n:42",
+     "00000009-0000-0000-0000-000000000000"),
+]
+
+
+@pytest.mark.parametrize("record_key,key_fields,values,key_text,file_group", SPEC_KEY_EXAMPLES,
+                         ids=[e[3] for e in SPEC_KEY_EXAMPLES])
+def test_log_file_holds_the_spec_worked_examples_key_text_in_their_file_group(
+        tmp_path, record_key, key_fields, values, key_text, file_group):
+    schema = pa.schema(key_fields + [("ts", pa.int64()), ("v", pa.string())])
+    row = dict(zip(record_key, values), ts=1, v="x")
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, record_key, ordering_field="ts", buckets=16)
+    instant = table.write(pa.Table.from_pylist([row], schema=schema))
+    root = tmp_path / "t"
+    [log] = [p for p in root.rglob("*") if p.is_file() and ".nbcc" not in p.relative_to(root).parts]
+    # §9.1: <file_group_id>_<instant>.log.<version>_<token>, version 1, the Python API's token 0-0-0
+    assert log.name == f"{file_group}_{instant}.log.1_0-0-0"
+    rows = pq.read_table(str(log)).to_pylist()
+    assert rows == [{**row, "_nbcc_commit_time": instant, "_nbcc_record_key": key_text, "_nbcc_is_deleted": False}]
+
+
 def test_constant_strings_are_valid_string_arrays():
     from nbcc.schema import constant_strings
 
