@@ -421,3 +421,23 @@ def test_spark_read_of_a_missing_file_names_it(spark, table):
     os.remove(os.path.join(table.uri, name))
     with pytest.raises(Exception, match=f"{name} is missing"):
         spark.read.format("nbcc").load(table.uri).collect()
+
+
+def test_buckets_beyond_the_file_group_id_digits_are_refused_before_the_table_exists(local_table):
+    # A file group id holds the bucket as 8 digits: more than 10**8 buckets made a table.json
+    # that no write could then use (every write failed naming a bucket, not the option).
+    uri, _ = local_table
+    with pytest.raises(InvalidOptionError, match="option 'buckets' must be at most 100000000 .* got 1099511627776"):
+        nbcc.Table.create(uri, pa.schema([("id", pa.string())]), "id", buckets=2**40)
+    assert not Path(uri).exists()
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.string())]), "id", buckets=10**8)
+    table.write(pa.table({"id": ["id1", "user_001", "zzzzzzzzzz"]}))  # buckets 104085, 66504543, 81274332
+    assert sorted(table.read().column("id").to_pylist()) == ["id1", "user_001", "zzzzzzzzzz"]
+
+
+def test_spark_buckets_beyond_the_limit_are_refused_before_the_table_exists(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    df = spark.createDataFrame([("id1",)], "id string")
+    with pytest.raises(Exception, match="option 'buckets' must be at most 100000000"):
+        df.write.format("nbcc").mode("append").option("record_key", "id").option("buckets", str(2**40)).save(uri)
+    assert not Path(uri).exists()

@@ -26,6 +26,8 @@ UPSERT, DELETE = "upsert", "delete"
 OPERATIONS = (UPSERT, DELETE)
 
 DEFAULT_BUCKETS = 16
+# File group ids carry the bucket as 8 digits (Hudi's form, §11), so bucket ids stop at 99999999.
+MAX_BUCKETS = 10**8
 DEFAULT_MAX_LOG_FILE_BYTES = 512 * 1024 * 1024
 DEFAULT_LOCK_LEASE_MS = 30_000
 # A commit stops unless it holds the lock for less than half the lease; a hold takes a few ms
@@ -74,6 +76,15 @@ def _positive_int(name: str) -> Callable[[Any], int]:
     return _at_least(name, 1, "a positive integer")
 
 
+def _buckets(value: Any) -> int:
+    n = _positive_int("buckets")(value)
+    if n > MAX_BUCKETS:
+        raise InvalidOptionError(
+            f"option 'buckets' must be at most {MAX_BUCKETS} (file group ids hold the bucket as 8 digits), "
+            f"got {value!r}; give a smaller number")
+    return n
+
+
 def _choice(name: str, choices: Sequence[str]) -> Callable[[Any], str]:
     def parse(value: Any) -> str:
         v = str(value).strip().lower()
@@ -110,7 +121,8 @@ TABLE_OPTIONS: dict[str, OptionSpec] = {
     "record_key": OptionSpec(_names, "record key column(s), comma-separated; required to create a table"),
     "ordering_field": OptionSpec(_optional_name, "column whose greatest value wins a merge (event_time mode)"),
     "partition_by": OptionSpec(_names, "partition column(s), comma-separated (Hive-style folders)"),
-    "buckets": OptionSpec(_positive_int("buckets"), f"number of buckets (file groups) per partition, default {DEFAULT_BUCKETS}"),
+    "buckets": OptionSpec(_buckets, f"number of buckets (file groups) per partition, default {DEFAULT_BUCKETS}, "
+                                    f"at most {MAX_BUCKETS}"),
     "merge_mode": OptionSpec(_choice("merge_mode", MERGE_MODES), "event_time | commit_time | partial_update"),
     "lock_lease_ms": OptionSpec(_at_least("lock_lease_ms", MIN_LOCK_LEASE_MS,
                                           f"an integer of at least {MIN_LOCK_LEASE_MS} (milliseconds)"),
