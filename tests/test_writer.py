@@ -297,3 +297,25 @@ def test_a_write_from_an_atexit_handler_commits(any_table):
     table = nbcc.Table.open(uri, opts)
     assert [i.state for i in table.timeline()] == ["completed"] * 3
     assert sorted(table.read().column("id").to_pylist()) == list(range(300))
+
+
+def test_nanosecond_ordering_values_are_written_and_merged_at_full_precision(tmp_path):
+    # Python datetimes stop at microseconds: the writer took the ordering field's min and max
+    # through them and failed on any value off the microsecond (pandas is not a dependency).
+    from nbcc.timeline import Timeline, read_commit_metadatas
+
+    ns = pa.timestamp("ns", tz="UTC")
+    base = 1_700_000_000_000_000_000
+    schema = pa.schema([("id", pa.int64()), ("ts", ns), ("v", pa.string())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts", buckets=1)
+    table.write(pa.table({"id": [1, 2], "ts": pa.array([base + 5, base + 5], ns), "v": ["a", "b"]}, schema=schema))
+    # One nanosecond decides each merge: 4 < 5 keeps "a", 6 > 5 takes "new".
+    table.write(pa.table({"id": [1, 2], "ts": pa.array([base + 4, base + 6], ns), "v": ["old", "new"]},
+                         schema=schema))
+    rows = table.read().sort_by("id")
+    assert rows.column("v").to_pylist() == ["a", "new"]
+    assert rows.column("ts").cast(pa.int64()).to_pylist() == [base + 5, base + 6]
+    metas = read_commit_metadatas(table.storage, Timeline.load(table.storage).completed())
+    ranges = [(f["ordering_min"], f["ordering_max"]) for m in metas.values() for f in m["files"]]
+    assert sorted(ranges) == [("2023-11-14T22:13:20.000000004+00:00", "2023-11-14T22:13:20.000000006+00:00"),
+                              ("2023-11-14T22:13:20.000000005+00:00", "2023-11-14T22:13:20.000000005+00:00")]

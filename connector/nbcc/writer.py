@@ -105,7 +105,33 @@ def parquet_writer(sink: Any, schema: pa.Schema,
                             write_statistics=[n for n in schema.names if not n.startswith(META_PREFIX)])
 
 
-def _jsonable(value: Any) -> Any:
+def _min_max(col: pa.ChunkedArray | pa.Array) -> tuple[Any, Any]:
+    """Least and greatest non-null value (None if none), comparable in Python. A timestamp
+    stays an integer of its unit: `as_py()` of a nanosecond value off the microsecond fails
+    without pandas, and would round it anyway. `_jsonable` gives its text."""
+    if pa.types.is_timestamp(col.type):
+        col = col.cast(pa.int64())
+    mm = pc.min_max(col)
+    return mm["min"].as_py(), mm["max"].as_py()
+
+
+def _timestamp_text(value: int, t: pa.TimestampType) -> str:
+    """`isoformat()` of a timestamp given as an integer of its unit, with 9 fraction digits for a
+    nanosecond value off the microsecond (Python's datetime stops at microseconds)."""
+    if t.unit != "ns":
+        return pa.scalar(value, t).as_py().isoformat()
+    micros, nanos = divmod(value, 1000)
+    moment = pa.scalar(micros, pa.timestamp("us", t.tz)).as_py()
+    if not nanos:
+        return moment.isoformat()
+    naive = moment.replace(tzinfo=None)
+    offset = moment.isoformat()[len(naive.isoformat()):]  # "+00:00" with a time zone, else ""
+    return f"{naive.isoformat(timespec='microseconds')}{nanos:03d}{offset}"
+
+
+def _jsonable(value: Any, t: pa.DataType | None = None) -> Any:
+    if t is not None and pa.types.is_timestamp(t) and isinstance(value, int):
+        return _timestamp_text(value, t)
     if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
         return value.isoformat()
     if isinstance(value, (decimal.Decimal, bytes)):
@@ -228,8 +254,7 @@ def update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Seq
     `min`/`max` are None when every value is null; absent when not known (long strings)."""
     for name in columns:
         col = chunk.column(name)
-        mm = pc.min_max(col)
-        lo, hi = _jsonable(mm["min"].as_py()), _jsonable(mm["max"].as_py())
+        lo, hi = (_jsonable(v, col.type) for v in _min_max(col))
         cur = stats.setdefault(name, {"min": None, "max": None, "nulls": 0})
         cur["nulls"] += col.null_count
         if "min" not in cur:
@@ -330,8 +355,7 @@ class LogWriter:
         log.writer.write_table(chunk, row_group_size=max(chunk.num_rows, 1))
         log.rows += chunk.num_rows
         if self.config.ordering_field:
-            mm = pc.min_max(chunk.column(self.config.ordering_field))
-            log.ordering.append((mm["min"].as_py(), mm["max"].as_py()))
+            log.ordering.append(_min_max(chunk.column(self.config.ordering_field)))
         update_stats(log.stats, chunk, self.stats_columns)
         if log.sink.tell() >= self.max_bytes:
             self._close_file(log)
@@ -356,8 +380,9 @@ class LogWriter:
         }
         values = [v for pair in log.ordering for v in pair if v is not None]
         if values:
-            info["ordering_min"] = _jsonable(min(values))
-            info["ordering_max"] = _jsonable(max(values))
+            t = self.schema.field(self.config.ordering_field).type
+            info["ordering_min"] = _jsonable(min(values), t)
+            info["ordering_max"] = _jsonable(max(values), t)
         info["stats"] = log.stats
         self.files.append(info)
         log.writer, log.sink, log.rows, log.ordering, log.stats = None, None, 0, [], {}
