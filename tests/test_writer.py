@@ -319,3 +319,41 @@ def test_nanosecond_ordering_values_are_written_and_merged_at_full_precision(tmp
     ranges = [(f["ordering_min"], f["ordering_max"]) for m in metas.values() for f in m["files"]]
     assert sorted(ranges) == [("2023-11-14T22:13:20.000000004+00:00", "2023-11-14T22:13:20.000000006+00:00"),
                               ("2023-11-14T22:13:20.000000005+00:00", "2023-11-14T22:13:20.000000005+00:00")]
+
+
+@pytest.mark.parametrize("failure", ["bad rows", "storage"])
+def test_a_failed_write_with_open_files_leaves_no_stray_error_or_file(any_table, failure, monkeypatch):
+    # The aborted write's Parquet writers were left to the garbage collector, whose close wrote
+    # to the aborted file and printed "Exception ignored ... stays pending until it is rolled
+    # back" after the write had been rolled back already.
+    import gc
+    import sys
+
+    from faults import BEFORE, Faults, FaultyStorage
+
+    uri, opts = any_table
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.int64())]), "id", buckets=2,
+                              storage_options=opts)
+    unraisable = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: unraisable.append(f"{u.exc_type.__name__}: {u.exc_value}"))
+    n = 200_000  # past one 128k-row chunk: both buckets' files are open when the write fails
+
+    def rows():
+        yield pa.record_batch({"id": np.arange(n), "v": np.arange(n)})
+        yield pa.record_batch({"id": pa.array([None], pa.int64()), "v": [1]})
+
+    if failure == "bad rows":
+        with pytest.raises(nbcc.SchemaError, match="record key column 'id' has 1 null"):
+            table.write(rows(), max_log_file_bytes=4096)
+    else:
+        faulty = nbcc.Table(FaultyStorage(uri, opts, Faults().plan("sink", None, BEFORE, where=r"/00000001-")),
+                            table.config)
+        with pytest.raises(nbcc.StorageError, match="00000001-"):
+            faulty.write(rows(), max_log_file_bytes=4096)
+        del faulty
+    gc.collect()
+    assert unraisable == []
+    assert [i.state for i in table.timeline()] == ["rolledback"]
+    assert table.read().num_rows == 0
+    data_files = [p for p in table.storage.fs.find(table.storage.root) if "/.nbcc/" not in p]
+    assert data_files == []

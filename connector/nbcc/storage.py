@@ -655,6 +655,7 @@ class _DataSink:
 
     def __init__(self, raw: Any, path: str):
         self._raw, self._path = raw, path
+        self._aborted = False
 
     def _failed(self, what: str, exc: Exception) -> StorageError:
         self.abort()
@@ -665,7 +666,10 @@ class _DataSink:
         """Drop the file: its write failed (done here on any failure of this file; a writer
         should do it for its other open files too). An fsspec buffered file (S3) would
         otherwise upload what it holds whenever it is closed, even by the garbage collector,
-        possibly after a rollback deleted the instant's files."""
+        possibly after a rollback deleted the instant's files. What is written to it afterwards
+        (a Parquet writer's footer, when it is closed) goes nowhere, without an error: the
+        failure was reported once already."""
+        self._aborted = True
         raw = self._raw
         try:
             if isinstance(raw, AbstractBufferedFile):
@@ -677,6 +681,8 @@ class _DataSink:
             log.debug("aborting data file %s: %s", self._path, exc)
 
     def write(self, data: Any) -> int:
+        if self._aborted:
+            return memoryview(data).nbytes
         try:
             return self._raw.write(data)
         except NbccError:
@@ -685,6 +691,8 @@ class _DataSink:
             raise self._failed("writing", exc) from exc
 
     def flush(self) -> None:
+        if self._aborted:
+            return
         try:
             self._raw.flush()
         except NbccError:
@@ -693,6 +701,8 @@ class _DataSink:
             raise self._failed("flushing", exc) from exc
 
     def close(self) -> None:
+        if self._aborted:
+            return  # closed or discarded by abort; S3 must not upload it now
         try:
             self._raw.close()  # S3: uploads the rest
         except NbccError:

@@ -407,11 +407,20 @@ class LogWriter:
 
     def abort(self) -> None:
         """Drop every file still open: the write failed. On S3 an open file would otherwise be
-        uploaded whenever it is closed, even by the garbage collector after a rollback."""
+        uploaded whenever it is closed, even by the garbage collector after a rollback. Each
+        Parquet writer is closed here too, into its aborted file (which drops what it gets):
+        left to the garbage collector, its close would fail on the closed file and print
+        'Exception ignored ... stays pending until it is rolled back' after the rollback."""
         for log in self._open.values():
             if log.sink is not None:
                 try:
                     log.sink.abort()
                 except Exception:  # noqa: BLE001 - the write's own failure is what matters
                     pass
+            if log.writer is not None:
+                try:
+                    log.writer.close()
+                except Exception:  # noqa: BLE001 - as above
+                    pass
+                log.writer = None
         self._open.clear()
