@@ -441,3 +441,29 @@ def test_spark_buckets_beyond_the_limit_are_refused_before_the_table_exists(spar
     with pytest.raises(Exception, match="option 'buckets' must be at most 100000000"):
         df.write.format("nbcc").mode("append").option("record_key", "id").option("buckets", str(2**40)).save(uri)
     assert not Path(uri).exists()
+
+
+def test_a_table_path_that_is_a_file_is_refused_and_the_file_kept(tmp_path):
+    # Creating a table there raised a raw NotADirectoryError naming `<path>/.nbcc`.
+    path = tmp_path / "report.csv"
+    path.write_text("a,b\n")
+    schema = pa.schema([("id", pa.int64())])
+    message = f"{path} is a file, not a folder; give a folder path for the table"
+    with pytest.raises(InvalidOptionError, match=message):
+        nbcc.Table.create(str(path), schema, "id")
+    with pytest.raises(InvalidOptionError, match=message):
+        nbcc.Table.open_or_create(str(path), schema, record_key="id")
+    with pytest.raises(TableNotFoundError, match=f"{path} is not an nbcc table: {path} is a file, not a folder"):
+        nbcc.Table.open(str(path))
+    with pytest.raises(InvalidOptionError, match=rf"{path} is a file, not a folder \(it is on the table path "):
+        nbcc.Table.create(str(path / "t"), schema, "id")
+    assert [p.name for p in tmp_path.iterdir()] == ["report.csv"] and path.read_text() == "a,b\n"
+
+
+def test_spark_save_to_a_path_that_is_a_file_is_refused_and_the_file_kept(spark, tmp_path):
+    path = tmp_path / "report.csv"
+    path.write_text("a,b\n")
+    df = spark.createDataFrame([(1,)], "id long")
+    with pytest.raises(Exception, match=f"{path} is a file, not a folder; give a folder path for the table"):
+        df.write.format("nbcc").mode("append").option("record_key", "id").save(str(path))
+    assert [p.name for p in tmp_path.iterdir()] == ["report.csv"] and path.read_text() == "a,b\n"

@@ -238,6 +238,21 @@ class Storage:
         the same way as this one."""
         return Storage(f"{self.uri}/{rel}", self.storage_options)
 
+    def file_in_the_way(self) -> str | None:
+        """On local disk, the regular file standing where the table's folder or one of its
+        parents must be (what a NotADirectoryError means there); None if there is none."""
+        if not self.is_local:
+            return None
+        at = self.root
+        while not os.path.isdir(at):
+            if os.path.isfile(at):
+                return at
+            parent = os.path.dirname(at)
+            if parent == at:
+                break
+            at = parent
+        return None
+
     def identity(self) -> tuple:
         """What tells two Storage objects apart for caches of per-table state."""
         return (self.uri, tuple(sorted((k, repr(v)) for k, v in self.storage_options.items())))

@@ -64,6 +64,14 @@ Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatc
 log = logging.getLogger(__name__)
 
 
+def _file_in_the_way(storage: Storage) -> str:
+    """Which file stands where a table's folder (or one of its parents) must be."""
+    found = storage.file_in_the_way()
+    if found is None or found == storage.root:
+        return f"{storage.uri} is a file, not a folder"
+    return f"{found} is a file, not a folder (it is on the table path {storage.uri})"
+
+
 class Table:
     """An nbcc table at a URI. Cheap to construct; every read plans from a fresh timeline."""
 
@@ -94,7 +102,11 @@ class Table:
     @classmethod
     def create_at(cls, storage: Storage, config: TableConfig) -> "Table":
         """`create` with a storage and a config already made (the metadata table's)."""
-        if not storage.put_if_absent(TABLE_CONFIG_PATH, config.to_json()):
+        try:
+            created = storage.put_if_absent(TABLE_CONFIG_PATH, config.to_json())
+        except NotADirectoryError:
+            raise InvalidOptionError(f"{_file_in_the_way(storage)}; give a folder path for the table") from None
+        if not created:
             raise TableExistsError(f"{storage.uri} already holds an nbcc table; open it with nbcc.Table.open")
         return cls(storage, config)
 
@@ -108,7 +120,10 @@ class Table:
         uri = storage.uri
         try:
             raw = storage.read_bytes(TABLE_CONFIG_PATH)
-        except (FileNotFoundError, NotADirectoryError):
+        except NotADirectoryError:
+            raise TableNotFoundError(f"{uri} is not an nbcc table: {_file_in_the_way(storage)}; "
+                                     "give the table's folder path") from None
+        except FileNotFoundError:
             raise TableNotFoundError(
                 f"{uri} is not an nbcc table (no {TABLE_CONFIG_PATH}); create it with nbcc.Table.create "
                 "or by a first write with the record_key option"
