@@ -467,3 +467,41 @@ def test_spark_save_to_a_path_that_is_a_file_is_refused_and_the_file_kept(spark,
     with pytest.raises(Exception, match=f"{path} is a file, not a folder; give a folder path for the table"):
         df.write.format("nbcc").mode("append").option("record_key", "id").save(str(path))
     assert [p.name for p in tmp_path.iterdir()] == ["report.csv"] and path.read_text() == "a,b\n"
+
+
+def _folders(root: str) -> set[str]:
+    return {os.path.relpath(folder, root) for folder, _, _ in os.walk(root) if "/.nbcc" not in folder + "/"}
+
+
+def test_a_partition_value_too_long_for_a_folder_name_is_refused_before_anything_is_written(local_table):
+    # Past 255 bytes (column name, '=' and the percent-encoded value) opening the first file
+    # failed with a raw "File name too long", leaving the folders made on the way.
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string()), ("q", pa.string())])
+    table = nbcc.Table.create(uri, schema, "id", partition_by=["p", "q"], buckets=1)
+    table.write(pa.table({"id": [1], "p": ["a"], "q": ["b"]}, schema=schema))
+    files, folders, rows = _files(uri), _folders(uri), table.read().sort_by("id").to_pylist()
+    fits = "x" * 253  # "q=" + 253 bytes: 255
+    for value, size in [("x" * 254, 256), ("é" * 43, 260)]:  # 2 UTF-8 bytes, 6 encoded: %C3%A9
+        bad = pa.table({"id": [2, 3], "p": ["a", "b"], "q": [fits, value]}, schema=schema)
+        with pytest.raises(SchemaError, match=f"partition column 'q' has a value whose folder name .* is {size} bytes; "
+                                              "a folder name may have at most 255 bytes"):
+            table.write(bad)
+        # A stream is checked chunk by chunk after its instant began: it is rolled back.
+        with pytest.raises(SchemaError, match="partition column 'q'"):
+            table.write(bad.to_reader())
+        assert _folders(uri) == folders
+    assert table.read().sort_by("id").to_pylist() == rows
+    assert {f for f in _files(uri) - files if not f.endswith(".rolledback")} == set()
+    table.write(pa.table({"id": [2], "p": ["a"], "q": [fits]}, schema=schema))
+    assert table.read(filter=[("id", "=", 2)]).column("q").to_pylist() == [fits]
+
+
+def test_spark_write_of_a_partition_value_too_long_for_a_folder_name_is_refused(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    # One task: another task's rows could still be landing when the job's abort rolls back.
+    df = spark.createDataFrame([(1, "a"), (2, "y" * 300)], "id long, p string").coalesce(1)
+    with pytest.raises(Exception, match="partition column 'p' has a value whose folder name .* is 302 bytes"):
+        df.write.format("nbcc").mode("append").option("record_key", "id").option("partition_by", "p").save(uri)
+    assert _folders(uri) == {"."}  # the chunk was refused whole: not even "p=a" was made
+    assert nbcc.Table.open(uri).read().num_rows == 0
