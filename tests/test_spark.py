@@ -316,3 +316,39 @@ def test_spark_reads_nanosecond_times_nested_in_lists_and_structs(spark, local_t
     (row,) = spark.read.format("nbcc").load(uri).collect()
     expected = dt.datetime(2023, 11, 14, 22, 13, 20, 123456, tzinfo=dt.timezone.utc).astimezone().replace(tzinfo=None)
     assert row.ats == [expected] and row.s.at == expected
+
+
+def test_spark_reads_unsigned_integers_widened_as_its_parquet_reader_does(spark, local_table):
+    # Python writes may create or add unsigned columns; Spark has no unsigned types, and every
+    # read of such a table failed. Spark's Parquet reader widens them: so does nbcc.
+    from decimal import Decimal
+
+    from pyspark.sql.types import DecimalType, IntegerType, LongType, ShortType
+
+    uri, _ = local_table
+    inner = pa.struct([("a", pa.uint32()), ("l", pa.list_(pa.uint16()))])
+    schema = pa.schema([("k", pa.int64()), ("u8", pa.uint8()), ("s", inner),
+                        ("m", pa.map_(pa.string(), pa.uint64()))])
+    table = nbcc.Table.create(uri, schema, "k", buckets=2)
+    table.write(pa.table({"k": [1, 2], "u8": [255, None], "s": [{"a": 2**32 - 1, "l": [65535, 0]}, None],
+                          "m": [[("x", 2**64 - 1)], None]}, schema=schema))
+    # A later write adds a uint64 column (rows before it read it as null).
+    table.write(pa.table({"k": [3], "u64": pa.array([2**64 - 1], pa.uint64())}))
+    df = spark.read.format("nbcc").load(uri)
+    types = {f.name: f.dataType for f in df.schema.fields}
+    assert types["u8"] == ShortType() and types["u64"] == DecimalType(20, 0)
+    assert types["s"]["a"].dataType == LongType() and types["s"]["l"].dataType.elementType == IntegerType()
+    assert types["m"].valueType == DecimalType(20, 0)
+    rows = {r.k: r for r in df.collect()}
+    assert (rows[1].u8, rows[1].s.a, rows[1].s.l, rows[1].m) == (255, 2**32 - 1, [65535, 0], {"x": Decimal(2**64 - 1)})
+    assert rows[1].u64 is None and rows[2].u8 is None and rows[2].s is None
+    assert rows[3].u64 == Decimal(2**64 - 1)
+    pushdown = "spark.sql.python.filterPushdown.enabled"  # filters on widened columns reach nbcc
+    previous = spark.conf.get(pushdown)
+    spark.conf.set(pushdown, "true")
+    try:
+        assert [r.k for r in df.where("u8 = 255").collect()] == [1]
+        assert [r.k for r in df.where("u64 > 5").collect()] == [3]
+        assert [r.k for r in df.where("s.a > 5").collect()] == [1]
+    finally:
+        spark.conf.set(pushdown, previous)

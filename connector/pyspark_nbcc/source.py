@@ -74,10 +74,38 @@ def _table_uri(options: dict[str, Any]) -> str:
     return str(path)
 
 
+# Spark has no unsigned integers: its own Parquet reader widens UINT_8/16/32 to the next signed
+# type and UINT_64 to DECIMAL(20, 0), which hold every value. nbcc reads them the same way.
+_UNSIGNED_AS = {8: pa.int16(), 16: pa.int32(), 32: pa.int64(), 64: pa.decimal128(20, 0)}
+
+
+def _spark_readable(t: pa.DataType) -> pa.DataType:
+    """`t` with its unsigned integers, at any depth, widened as `_UNSIGNED_AS` says; `t` itself
+    when it has none."""
+    if pa.types.is_unsigned_integer(t):
+        return _UNSIGNED_AS[t.bit_width]
+    if pa.types.is_struct(t):
+        fields = [t.field(i) for i in range(t.num_fields)]
+        new = [f.with_type(_spark_readable(f.type)) for f in fields]
+        return t if new == fields else pa.struct(new)
+    if pa.types.is_map(t):
+        key, item = _spark_readable(t.key_type), _spark_readable(t.item_type)
+        if key == t.key_type and item == t.item_type:
+            return t
+        return pa.map_(t.key_field.with_type(key), t.item_field.with_type(item), keys_sorted=t.keys_sorted)
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        value = _spark_readable(t.value_type)
+        if value == t.value_type:
+            return t
+        item = t.value_field.with_type(value)
+        if pa.types.is_large_list(t):
+            return pa.large_list(item)
+        return pa.list_(item, t.list_size) if pa.types.is_fixed_size_list(t) else pa.list_(item)
+    return t
+
+
 def _spark_schema(arrow_schema: pa.Schema) -> StructType:
-    unsupported = [f"{f.name} ({f.type})" for f in arrow_schema if pa.types.is_unsigned_integer(f.type)]
-    if unsupported:
-        raise SchemaError(f"Spark has no unsigned integer types; columns {unsupported} cannot be read by Spark")
+    arrow_schema = pa.schema([f.with_type(_spark_readable(f.type)) for f in arrow_schema])
     try:
         return from_arrow_schema(arrow_schema)
     except Exception:  # noqa: BLE001 - PySpark's message does not say which column
@@ -109,7 +137,8 @@ def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     exactly (nullability, timestamp[us, tz=UTC]): a column added since Spark took the schema is
     left out, and one the rows lack (added after the state they were read as of, in a stream's
     micro-batch) reads as null, as §4.2 says for older files. Nanoseconds are cut to the
-    microseconds Spark keeps, as Spark's own sources do."""
+    microseconds Spark keeps, as Spark's own sources do; unsigned integers widen to the types
+    `_spark_schema` gave them (only columns whose type differs are cast, nested ones too)."""
     columns = []
     for f in schema:
         if f.name not in rows.column_names:
