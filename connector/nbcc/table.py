@@ -130,6 +130,9 @@ class Table:
             ) from None
         try:
             return cls(storage, TableConfig.from_json(raw))
+        except SchemaError as exc:  # a format version this nbcc does not read: nothing is damaged
+            raise TableConfigError(f"the nbcc table at {uri} cannot be opened: {exc}; use the nbcc that "
+                                   "wrote it, or a newer one") from None
         except TableConfigError as exc:
             raise TableConfigError(
                 f"the nbcc table at {uri} cannot be opened: {exc}. The file is written when the table "
