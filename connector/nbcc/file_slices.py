@@ -54,7 +54,7 @@ def build_file_slices(
     above on late logs.
     """
     bases: dict[str, list[BaseFile]] = defaultdict(list)
-    logs: dict[str, list[tuple[str, LogFile]]] = defaultdict(list)
+    logs: dict[str, list[tuple[str, str, LogFile]]] = defaultdict(list)  # (completion, name, log)
     for name in file_names:
         f = parse_data_file(name)
         completion = completion_times.get(f.instant)
@@ -63,7 +63,7 @@ def build_file_slices(
         if isinstance(f, BaseFile):
             bases[f.file_group_id].append(f)
         else:
-            logs[f.file_group_id].append((completion, f))
+            logs[f.file_group_id].append((completion, name, f))
 
     pending = dict(pending_compactions or {})
     result: dict[str, list[FileSlice]] = {}
@@ -72,30 +72,30 @@ def build_file_slices(
         if fg in pending and pending[fg] not in base_of:
             base_of[pending[fg]] = None
         barriers = sorted(base_of)  # ascending, for bisect
-        members: dict[str, list[LogFile]] = defaultdict(list)
-        older: list[tuple[str, LogFile]] = []  # completed before every base file
+        members: dict[str, list[tuple[str, LogFile]]] = defaultdict(list)
+        older: list[tuple[str, str, LogFile]] = []  # completed before every base file
         # The logs that the plans of the two newest barriers list (None: plan not known).
         listed: dict[int, Collection[str] | None] = {}
         if planned_logs and logs[fg]:
             listed = {j: planned_logs(fg, barriers[j]) for j in range(max(0, len(barriers) - 2), len(barriers))}
-        for completion, log in logs[fg]:
+        for completion, name, log in logs[fg]:
             i = bisect.bisect_left(barriers, completion) - 1  # greatest barrier < completion
-            while listed.get(i + 1) is not None and log.name not in listed[i + 1]:
+            while listed.get(i + 1) is not None and name not in listed[i + 1]:
                 i += 1  # published after the next barrier's plan was made: after that barrier
             if i >= 0:
-                members[barriers[i]].append(log)
+                members[barriers[i]].append((name, log))
             else:
-                older.append((completion, log))
+                older.append((completion, name, log))
         slices = [
             FileSlice(fg, b, base_of[b], _in_log_order(members[b]), partition) for b in barriers
         ]
         if older:
-            first = min(older, key=lambda cl: cl[0])[1]
-            slices.append(FileSlice(fg, first.instant, None, _in_log_order([l for _, l in older]), partition))
+            first = min(older, key=lambda cl: cl[0])[2]
+            slices.append(FileSlice(fg, first.instant, None, _in_log_order([(n, l) for _, n, l in older]), partition))
         slices.sort(key=lambda s: s.base_instant, reverse=True)
         result[fg] = slices
     return result
 
 
-def _in_log_order(logs: list[LogFile]) -> list[str]:
-    return [l.name for l in sorted(logs, key=lambda l: l.order_key)]
+def _in_log_order(logs: list[tuple[str, LogFile]]) -> list[str]:
+    return [name for name, _ in sorted(logs, key=lambda nl: nl[1].order_key)]

@@ -20,6 +20,7 @@ LOG_MARK = ".log."
 BASE_SUFFIX = ".parquet"
 
 
+@functools.lru_cache(maxsize=1 << 12)  # few distinct tokens, each parsed for every log's order
 def _parse_token(token: str) -> tuple[int, int, int]:
     parts = token.split("-")
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
@@ -44,11 +45,11 @@ class LogFile:
     version: int
     token: str
 
-    @functools.cached_property
+    @property
     def name(self) -> str:
         return f"{self.file_group_id}_{self.instant}{LOG_MARK}{self.version}_{self.token}"
 
-    @functools.cached_property  # frozen, so computed once (parse_data_file's results are shared)
+    @property
     def order_key(self) -> tuple:
         return (self.instant, self.version, _parse_token(self.token))
 
@@ -59,7 +60,7 @@ class BaseFile:
     token: str
     instant: str
 
-    @functools.cached_property
+    @property
     def name(self) -> str:
         return f"{self.file_group_id}_{self.token}_{self.instant}{BASE_SUFFIX}"
 
