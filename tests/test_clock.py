@@ -447,3 +447,27 @@ def test_a_waiter_opened_with_a_shorter_lease_waits_out_the_holders(memory_uri, 
     _take_with_clock_off_by(holder, 0, monkeypatch)
     with pytest.raises(LockTimeoutError):
         TimeGenerator(Storage(memory_uri), lease_ms=1000, timeout_ms=2_000).new_instant()
+
+
+def test_a_release_followed_at_once_by_the_next_holder_is_not_reported_as_a_takeover(memory_uri, caplog):
+    # The next waiter may swap in its state as soon as the release lands, before the releasing
+    # process looks at the lock again: that is the lock working, not a takeover.
+    from faults import Faults, FaultyStorage, Stall
+    faults = Faults()
+    holder = TimeGenerator(FaultyStorage(memory_uri, faults=faults), lease_ms=60_000)
+    other = TimeGenerator(Storage(memory_uri), lease_ms=60_000, timeout_ms=10_000)
+    stall = Stall()
+    done = threading.Event()
+
+    def hold():
+        with holder.locked():
+            faults.plan("list", stall, where=r"/\.nbcc/lock$")  # the first look after the release's put
+        done.set()
+    thread = threading.Thread(target=hold, daemon=True)
+    with caplog.at_level(logging.WARNING, logger="nbcc.clock"):
+        thread.start()
+        assert stall.entered.wait(10)
+        issued = other.new_instant()  # the next process swaps right after the release landed
+        stall.release()
+        assert done.wait(10)
+    assert issued > format_time(0) and "taken over" not in caplog.text, caplog.text

@@ -227,13 +227,18 @@ class TimeGenerator:
             return LockState(int(raw["seq"]), raw.get("holder"), int(raw["lease_until_ms"]),
                              int(raw["last_time_ms"]), int(raw.get("lease_ms") or 0))
 
-    def _swap(self, new: LockState, durable: bool = True) -> bool:
+    def _swap(self, new: LockState, durable: bool = True, release: bool = False) -> bool:
         """Install `new` if the state is still `new.seq - 1`."""
         # The nonce makes the content unique to this one put: two processes can compute the
         # same new state, and put-if-absent tells its own write from another's by content.
         data = json.dumps({**asdict(new), "nonce": uuid.uuid4().hex}).encode()
         if not self.storage.put_if_absent(f"{LOCK_DIR}/{new.seq:020d}.json", data, durable):
             return False
+        if release:
+            # A later state is the next holder's, built on this one (a waiter may swap before
+            # the listing below would run). A release put in a slot collected long ago changes
+            # nothing either: the lock moved on without it.
+            return True
         # A stalled process can land a put in a slot that was already collected; it lost.
         names = self.storage.list_names(LOCK_DIR)
         return not any(n.split(".", 1)[0].isdigit() and int(n.split(".", 1)[0]) > new.seq for n in names)
@@ -307,7 +312,7 @@ class TimeGenerator:
                 # Not fsynced: a release lost to a power failure leaves a lock whose holder
                 # is gone, taken over once its lease runs out. A state that issued a time is
                 # fsynced, so that no time is issued twice.
-                freed = self._swap(released, durable=False)
+                freed = self._swap(released, durable=False, release=True)
                 if not freed:
                     log.warning("the table lock of %s was taken over after %.0f ms, past its %d ms lease",
                                 self.storage.uri, hold_ms, self.lease_ms)
