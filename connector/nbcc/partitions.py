@@ -29,9 +29,20 @@ def _value_text(value: pa.Scalar) -> str:
     return quote(text, safe="")
 
 
+# Longest folder name: NAME_MAX of Linux, macOS and Windows file systems. Kept on object stores
+# too, so that a table copied to a disk still fits.
+MAX_FOLDER_NAME_BYTES = 255
+
+
 def check_partition_values(data: pa.Table, partition_by: Sequence[str]) -> None:
-    """Refuse a string value equal to NULL_PARTITION: it would share the folder of null values,
-    and its records would be read as null and merged with theirs (one replacing the other)."""
+    """Refuse partition values that cannot have a folder of their own (`data` is in the table's
+    types):
+    - a string equal to NULL_PARTITION: it would share the folder of null values, and its
+      records would be read as null and merged with theirs (one replacing the other);
+    - a value whose folder name `<col>=<text>` passes MAX_FOLDER_NAME_BYTES: opening the first
+      file there would fail (File name too long) after the instant began and folders were made.
+      Percent-encoding takes at most 3 bytes per byte of text, so only values whose text is that
+      long are encoded exactly (a few, if any)."""
     for name in partition_by:
         col = data.column(name)
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
@@ -42,6 +53,22 @@ def check_partition_values(data: pa.Table, partition_by: Sequence[str]) -> None:
                     "name of null values: those rows would be read back as null and merged with the null "
                     "partition's records. Change those values, or write null"
                 )
+        else:
+            col = pc.cast(pc.unique(col), pa.string())  # short texts; the few distinct values only
+        room = (MAX_FOLDER_NAME_BYTES - len(f"{name}=".encode())) // 3
+        lengths = pc.binary_length(col)
+        if col.null_count == 0 and (pc.max(lengths).as_py() or 0) <= room:
+            continue
+        long_ones = pc.unique(pc.filter(col, pc.or_kleene(pc.greater(lengths, room), pc.is_null(lengths))))
+        for value in long_ones:
+            folder = partition_path([name], [value])
+            size = len(folder.encode())
+            if size > MAX_FOLDER_NAME_BYTES:
+                raise SchemaError(
+                    f"partition column {name!r} has a value whose folder name ({folder[:60]}...) is {size} "
+                    f"bytes; a folder name may have at most {MAX_FOLDER_NAME_BYTES} bytes (the column "
+                    "name, '=' and the percent-encoded value): shorten the value or partition by "
+                    "another column")
 
 
 def partition_path(columns: Sequence[str], values: Sequence[pa.Scalar]) -> str:

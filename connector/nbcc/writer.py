@@ -21,7 +21,7 @@ from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
 from .errors import SchemaError
 from .expr import supported_type
 from .filenames import data_file_path, log_file_name
-from .partitions import check_partition_values, partition_path, split_rows
+from .partitions import check_partition_values, split_rows
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
 
@@ -194,36 +194,6 @@ def _check_composite_key_text(data: pa.Table, record_key: Sequence[str]) -> None
                 )
 
 
-# Longest folder name: NAME_MAX of Linux, macOS and Windows file systems. Kept on object stores
-# too, so that a table copied to a disk still fits.
-MAX_FOLDER_NAME_BYTES = 255
-
-
-def _check_partition_folder_names(data: pa.Table, partition_by: Sequence[str]) -> None:
-    """Each partition folder name `<col>=<text>` fits in MAX_FOLDER_NAME_BYTES: past it, opening
-    the first file there fails (File name too long) after the instant began and folders were
-    made. Percent-encoding takes at most 3 bytes per byte of text, so only values whose text is
-    that long are encoded exactly (a few, if any); `data` is in the table's types."""
-    for name in partition_by:
-        col = data.column(name)
-        room = (MAX_FOLDER_NAME_BYTES - len(f"{name}=".encode())) // 3
-        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
-            col = pc.cast(pc.unique(col), pa.string())  # short texts; the few distinct values only
-        lengths = pc.binary_length(col)
-        if col.null_count == 0 and (pc.max(lengths).as_py() or 0) <= room:
-            continue
-        long_ones = pc.unique(pc.filter(col, pc.or_kleene(pc.greater(lengths, room), pc.is_null(lengths))))
-        for value in long_ones:
-            folder = partition_path([name], [value])
-            size = len(folder.encode())
-            if size > MAX_FOLDER_NAME_BYTES:
-                raise SchemaError(
-                    f"partition column {name!r} has a value whose folder name ({folder[:60]}...) is {size} "
-                    f"bytes; a folder name may have at most {MAX_FOLDER_NAME_BYTES} bytes (the column "
-                    "name, '=' and the percent-encoded value): shorten the value or partition by "
-                    "another column")
-
-
 def check_rows(table: pa.Table, config: TableConfig, table_schema: pa.Schema, operation: str) -> pa.Table:
     """`table`'s rows checked and converted to the table's columns and types (absent ones null):
     every refusal of a write's rows happens here (SchemaError)."""
@@ -231,7 +201,6 @@ def check_rows(table: pa.Table, config: TableConfig, table_schema: pa.Schema, op
     data = conform(table, table_schema)
     _check_nested_nulls(data, table_schema)
     check_partition_values(data, config.partition_by)
-    _check_partition_folder_names(data, config.partition_by)
     if len(config.record_key) > 1:
         _check_composite_key_text(data, config.record_key)
     return data
