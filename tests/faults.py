@@ -150,14 +150,15 @@ class FaultyStorage(Storage):
     def identity(self) -> tuple:
         return (*super().identity(), id(self.faults))
 
-    def _put_once(self, path: str, data: bytes, durable: bool = True) -> bool:
-        return self.faults.run("put", path, lambda: Storage._put_once(self, path, data, durable))
+    def _put_once(self, path: str, data: bytes, durable: bool = True, give_up_at: float | None = None) -> bool:
+        return self.faults.run("put", path, lambda: Storage._put_once(self, path, data, durable, give_up_at))
 
-    def _replace_once(self, path: str, data: bytes, durable: bool = True) -> None:
-        return self.faults.run("replace", path, lambda: Storage._replace_once(self, path, data, durable))
+    def _replace_once(self, path: str, data: bytes, durable: bool = True, give_up_at: float | None = None) -> None:
+        return self.faults.run("replace", path,
+                               lambda: Storage._replace_once(self, path, data, durable, give_up_at))
 
-    def _read_once(self, path: str) -> bytes:
-        return self.faults.run("read", path, lambda: Storage._read_once(self, path))
+    def _read_once(self, path: str, give_up_at: float | None = None) -> bytes:
+        return self.faults.run("read", path, lambda: Storage._read_once(self, path, give_up_at))
 
     def _list_once(self, path: str, prefix: str) -> list[str]:
         return self.faults.run("list", path, lambda: Storage._list_once(self, path, prefix))

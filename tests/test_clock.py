@@ -247,10 +247,11 @@ class _SlowListing(Storage):
             time.sleep(self.delay_s)
         return super().list_names(rel_dir, prefix)
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None,
+                      give_up_at: float | None = None) -> bool:
         if "/timeline/" in rel:
             time.sleep(self.put_delay_s)
-        return super().put_if_absent(rel, data, durable, deadline)
+        return super().put_if_absent(rel, data, durable, deadline, give_up_at)
 
 
 def _pending(st: Storage, instant: str) -> None:

@@ -350,12 +350,12 @@ class _Interleaved(FaultyStorage):
 
     between: Any = None
 
-    def _put_once(self, path: str, data: bytes, durable: bool = True) -> bool:
+    def _put_once(self, path: str, data: bytes, durable: bool = True, give_up_at: float | None = None) -> bool:
         if "/.nbcc/lock/" in path and self.between is not None:
             between, self.between = self.between, None
             between()
             raise TimeoutError("injected fault: the reply was lost")
-        return super()._put_once(path, data, durable)
+        return super()._put_once(path, data, durable, give_up_at)
 
 
 def test_two_writers_that_compute_the_same_lock_state_never_both_get_a_time(memory_uri, monkeypatch):
@@ -480,6 +480,44 @@ def test_a_rollback_mark_published_after_the_write_completed_deletes_nothing(loc
     assert {Path(f).name for f in files_of_instant(data_files(uri), txn.instant)} == {f["name"] for f in files}
     assert snapshot(table) == ref.expected()
 
+
+
+def test_on_s3_a_commit_whose_put_stalls_past_the_lease_is_given_up(s3_table, monkeypatch):
+    # A request stuck in the S3 client (botocore's and s3fs's own retries can last minutes)
+    # must not publish a commit after another process may have taken the lock over: the put
+    # is cancelled when the lease runs out, and the write fails with nothing published.
+    import asyncio
+    uri, opts = s3_table
+    lease_ms = 3000  # moto under a loaded machine needs more than LEASE_MS for an ordinary commit
+    table = new_table(uri, storage_options=opts, lock_lease_ms=lease_ms)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    stalled, release, ended = threading.Event(), threading.Event(), threading.Event()
+    real = table.storage.fs._call_s3
+
+    async def stalling(method, *args, **kwargs):
+        if method != "put_object" or not re.search(COMPLETED_FILE, f"/{kwargs.get('Key', '')}"):
+            return await real(method, *args, **kwargs)
+        stalled.set()
+        try:  # held until released (or, unbounded, for ten leases), then the put lands
+            give_up = time.monotonic() + 10 * lease_ms / 1000
+            while not release.is_set() and time.monotonic() < give_up:
+                await asyncio.sleep(0.05)
+            return await real(method, *args, **kwargs)
+        finally:
+            ended.set()
+    monkeypatch.setattr(table.storage.fs, "_call_s3", stalling)  # s3fs caches one client per options
+    data, _ = ref.batch(KEYS[:10], "late")
+    with pytest.raises(nbcc.StorageError, match="lease ran out.*not tried again"):
+        table.write(data)
+    assert stalled.is_set()
+    release.set()
+    assert ended.wait(WAIT_S)  # the stalled request is over: cancelled, or it landed
+    monkeypatch.undo()
+    assert [i.state for i in table.timeline()].count("completed") == 1, table.timeline()
+    assert snapshot(table) == ref.expected()
+    ref.write(table, KEYS[10:20], "next")
+    assert snapshot(table) == ref.expected()
 
 # -- 3b. random faults under many writers ----------------------------------------------------------
 

@@ -647,7 +647,7 @@ def test_a_retry_stopped_by_its_deadline_reports_the_last_failure(memory_uri):
     class Failing(Storage):
         calls = 0
 
-        def _replace_once(self, path, data, durable=True):
+        def _replace_once(self, path, data, durable=True, give_up_at=None):
             self.calls += 1
             if self.calls == 1:
                 raise ConnectionResetError(errno.ECONNRESET, "first")

@@ -142,6 +142,12 @@ class LockGrant:
         retried): half the lease, as `check` allows."""
         return self._acquired_mono + self.lease_ms / 2000
 
+    @property
+    def lease_end(self) -> float:
+        """The `time.monotonic()` at which this grant's lease runs out: a write still running
+        then is given up (on S3, where one call can otherwise retry for minutes)."""
+        return self._acquired_mono + self.lease_ms / 1000
+
     def check(self) -> None:
         """Raise unless well inside the lease. Called right before the critical write, so a
         holder that stalled (GC pause, suspended VM) never writes after another took over: the
@@ -155,10 +161,11 @@ class LockGrant:
 
     def put_if_absent(self, storage: Storage, rel: str, data: bytes) -> bool:
         """`storage.put_if_absent` of a write that must land while this grant holds the lock: it
-        starts, and may be retried, only inside half the lease (`check`, `deadline`)."""
+        starts, and may be retried, only inside half the lease (`check`, `deadline`), and is
+        given up at the lease's end (`lease_end`)."""
         self.check()
         try:
-            return storage.put_if_absent(rel, data, deadline=self.deadline)
+            return storage.put_if_absent(rel, data, deadline=self.deadline, give_up_at=self.lease_end)
         finally:
             self._returned()
 
@@ -166,7 +173,7 @@ class LockGrant:
         """`storage.replace` under this grant, as `put_if_absent`."""
         self.check()
         try:
-            storage.replace(rel, data, deadline=self.deadline)
+            storage.replace(rel, data, deadline=self.deadline, give_up_at=self.lease_end)
         finally:
             self._returned()
 

@@ -110,6 +110,13 @@ class _PastDeadline(Exception):
     """A retry would start past the caller's deadline (see Storage._retry)."""
 
 
+def _raise_gave_up(bound: dict[str, float], exc: FSTimeoutError) -> None:
+    """Re-raise `exc` (a timeout), saying so when it is the bound `Storage._bounded` set."""
+    if not bound:
+        raise exc
+    raise FSTimeoutError("no reply before the table lock's lease ran out; the call was cancelled") from exc
+
+
 class _TakenThenFreed(Exception):
     """put-if-absent found its name taken, but the file was gone when read: put again."""
 
@@ -339,14 +346,16 @@ class Storage:
 
     # -- metadata primitives ---------------------------------------------------------------
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None,
+                      give_up_at: float | None = None) -> bool:
         """Create `rel` holding `data` if no object has that name. True if this call created it.
 
         `data` must be content that no other caller would put under this name (nbcc's files
         carry their writer's times, holder id or a nonce): that is how a retry recognises its
         own earlier attempt, below. On local disk the file survives a power failure once this
         returns; with `durable=False` its name may not (it is never torn), which suits state
-        whose loss only costs a wait, such as a lock release."""
+        whose loss only costs a wait, such as a lock release. `deadline` and `give_up_at`: see
+        `_retry` and `_bounded`."""
         if not data:
             # s3fs turns an empty conditional write into an unconditional touch.
             raise StorageError("put_if_absent needs non-empty content")
@@ -356,7 +365,7 @@ class Storage:
         def attempt() -> bool:
             nonlocal uncertain
             try:
-                created = self._put_once(path, data, durable)
+                created = self._put_once(path, data, durable, give_up_at)
             except Exception as exc:
                 # A timeout or a dropped connection can come after the store made the write
                 # (the classic S3 timeout); a 409 conflict is a refusal, so it cannot.
@@ -373,7 +382,7 @@ class Storage:
             # writer's file would let two writers each think they won. The content decides: it
             # is unique to its writer.
             try:
-                own = self._read_once(path) == data
+                own = self._read_once(path, give_up_at) == data
             except FileNotFoundError:
                 raise _TakenThenFreed(path) from None  # deleted since: the name is free again
             if own and durable and self.is_local:
@@ -384,7 +393,18 @@ class Storage:
                            outcome=lambda: "; an attempt may have created the file" if uncertain else "",
                            deadline=deadline)
 
-    def _put_once(self, path: str, data: bytes, durable: bool = True) -> bool:
+    def _bounded(self, give_up_at: float | None) -> dict[str, float]:
+        """The keyword that makes one S3 call give up (cancelled, `FSTimeoutError`) at the
+        `time.monotonic()` value `give_up_at`. A write under the table lock must not land after
+        its lease ran out, when another process may hold the lock; botocore's and s3fs's own
+        retries of one request can otherwise last minutes. A call cancelled in flight may still
+        land a moment later, which the protocol tolerates (format.md §15.5); what this bounds is
+        the common case. Local disk and memory calls are not cancellable, nor slow to stall."""
+        if give_up_at is None or not self.is_s3:
+            return {}
+        return {"timeout": max(give_up_at - time.monotonic(), 0.001)}  # fsspec takes 0 for "none"
+
+    def _put_once(self, path: str, data: bytes, durable: bool = True, give_up_at: float | None = None) -> bool:
         if self.is_local:
             return self._local_put_if_absent(path, data, durable)
         if self.is_memory:
@@ -393,10 +413,13 @@ class Storage:
                     return False
                 self.fs.pipe_file(path, data)
                 return True
+        bound = self._bounded(give_up_at)
         try:
-            self.fs.pipe_file(path, data, mode="create")
+            self.fs.pipe_file(path, data, mode="create", **bound)
         except FileExistsError:
             return False
+        except FSTimeoutError as exc:
+            _raise_gave_up(bound, exc)
         finally:
             self.fs.invalidate_cache(path.rsplit("/", 1)[0])
         return True
@@ -420,17 +443,18 @@ class Storage:
             _fsync_created(path)
         return True
 
-    def replace(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> None:
+    def replace(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None,
+                give_up_at: float | None = None) -> None:
         """Write `rel` whole, replacing what was there; readers see the old or the new content,
         never a torn one (local: temporary file and rename; S3: one PUT). On local disk the new
         content survives a power failure once this returns; with `durable=False` a power
         failure may leave the old content or an empty file (heartbeats, which read both as
         "no recent beat")."""
         path = self.full_path(rel)
-        self._retry("replace", path, lambda: self._replace_once(path, data, durable), deadline=deadline,
+        self._retry("replace", path, lambda: self._replace_once(path, data, durable, give_up_at), deadline=deadline,
                     outcome=lambda: "; an attempt may have replaced the file")
 
-    def _replace_once(self, path: str, data: bytes, durable: bool = True) -> None:
+    def _replace_once(self, path: str, data: bytes, durable: bool = True, give_up_at: float | None = None) -> None:
         if self.is_local:
             # Unsynced bytes could come back as an empty file under the new name (the rename
             # can reach the disk before the delayed data).
@@ -443,21 +467,30 @@ class Storage:
             if durable:
                 _fsync_created(path)
             return
-        self.fs.pipe_file(path, data)
-        self.fs.invalidate_cache(path.rsplit("/", 1)[0])
+        bound = self._bounded(give_up_at)
+        try:
+            self.fs.pipe_file(path, data, **bound)
+        except FSTimeoutError as exc:
+            _raise_gave_up(bound, exc)
+        finally:
+            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
 
     def read_bytes(self, rel: str) -> bytes:
         """The content of `rel`; FileNotFoundError if there is none."""
         path = self.full_path(rel)
         return self._retry("read", path, lambda: self._read_once(path))
 
-    def _read_once(self, path: str) -> bytes:
-        if self.is_s3 and _cat_takes_concurrency(type(self.fs)):
-            # One GET. s3fs (2026.3 on) first asks for the size (a HEAD) to read big files in
-            # parallel ranges; with its listing cache off that doubled the requests of every plan
-            # that reads commit files (nbcc's files read whole are small).
-            return self.fs.cat_file(path, max_concurrency=1)
-        return self.fs.cat_file(path)
+    def _read_once(self, path: str, give_up_at: float | None = None) -> bytes:
+        bound = self._bounded(give_up_at)
+        try:
+            if self.is_s3 and _cat_takes_concurrency(type(self.fs)):
+                # One GET. s3fs (2026.3 on) first asks for the size (a HEAD) to read big files in
+                # parallel ranges; with its listing cache off that doubled the requests of every
+                # plan that reads commit files (nbcc's files read whole are small).
+                return self.fs.cat_file(path, max_concurrency=1, **bound)
+            return self.fs.cat_file(path, **bound)
+        except FSTimeoutError as exc:
+            _raise_gave_up(bound, exc)
 
     def list_names(self, rel_dir: str, prefix: str = "") -> list[str]:
         """Names (not paths) of the entries directly under `rel_dir` that start with `prefix`;
