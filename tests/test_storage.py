@@ -672,3 +672,32 @@ def test_wrong_s3_credentials_and_an_endpoint_without_scheme_say_what_to_fix(s3_
     bare = opts["endpoint_url"].removeprefix("http://")
     with pytest.raises(nbcc.InvalidOptionError, match=f"endpoint_url='{bare}' needs its scheme: http://{bare}"):
         nbcc.Table.open(uri, {**opts, "endpoint_url": bare})
+
+
+def test_an_s3_endpoint_that_never_answered_fails_at_once_and_one_that_did_is_retried(monkeypatch):
+    # A wrong endpoint_url is a mistake no retry fixes: it must say what to check without six
+    # rounds of retries (45 s). An endpoint that answered before is having an outage: retried.
+    import socket
+
+    from moto_s3 import start_server
+    with socket.socket() as sock:  # a port on loopback that nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    no_retries = {"key": "testing", "secret": "testing", "config_kwargs": {"retries": {"max_attempts": 1}}}
+    calls = []
+    real_once = Storage._read_once
+    monkeypatch.setattr(Storage, "_read_once", lambda self, *a, **kw: calls.append(1) or real_once(self, *a, **kw))
+    with pytest.raises(StorageError, match=f"cannot connect to the S3 endpoint {closed} .*check the storage "
+                                           "options endpoint_url and region_name"):
+        nbcc.Table.open("s3://nbcc-tests/t", {**no_retries, "endpoint_url": closed})
+    assert len(calls) == 1
+    server, opts = start_server("nbcc-outage")
+    try:
+        uri = "s3://nbcc-outage/t"
+        table = nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options={**opts, **no_retries})
+    finally:
+        server.stop()
+    calls.clear()
+    with pytest.raises(StorageError, match=f"failed {Storage.RETRY_ATTEMPTS} times in a row .*unreachable"):
+        table.storage.read_bytes(".nbcc/table.json")
+    assert len(calls) == Storage.RETRY_ATTEMPTS

@@ -77,6 +77,9 @@ def _client_transient() -> tuple[type[BaseException], ...]:
             found += tuple(c for c in (getattr(module, n, None) for n in names) if isinstance(c, type))
     return found
 
+# S3 endpoints that have answered this process (see Storage._raise_if_unreachable).
+_ANSWERED_ENDPOINTS: set[str] = set()
+
 # Errors about the request itself: asking again gets the same answer.
 _PERMANENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
 
@@ -232,6 +235,9 @@ class Storage:
                 f"storage {type(self.fs).__name__} for {self.uri!r} has no put-if-absent support "
                 "nbcc can use; supported: local paths, file://, s3://, memory://"
             )
+        client = opts.get("client_kwargs")
+        self._endpoint = str(opts.get("endpoint_url") or (client.get("endpoint_url") if isinstance(client, dict)
+                                                           else None) or "AWS S3")
 
     # Pickled into Spark tasks: rebuild the filesystem on the other side.
     def __reduce__(self):
@@ -280,10 +286,13 @@ class Storage:
                 raise _PastDeadline()
             attempts += 1
             try:
-                return call()
+                result = call()
             except Exception as exc:
                 last[:] = [exc]
                 raise
+            if self.is_s3:
+                _ANSWERED_ENDPOINTS.add(self._endpoint)
+            return result
 
         try:
             return attempt()  # the common case, without building the retry machinery
@@ -291,6 +300,7 @@ class Storage:
             if not retry_on(exc):
                 self._raise_if_misconfigured(exc, what, path)
                 raise  # not transient: the caller decides (e.g. on FileNotFoundError)
+            self._raise_if_unreachable(exc, what, path)
             error = exc
         if self.RETRY_ATTEMPTS > 1:
             log.debug("%s %s: attempt 1 failed (%s), retrying", what, path, error)
@@ -322,6 +332,21 @@ class Storage:
             f"({type(error).__name__}: {error}); the storage is unreachable or overloaded{outcome()}. "
             "Retry the operation later."
         ) from error
+
+    def _raise_if_unreachable(self, exc: BaseException, what: str, path: str) -> None:
+        """A StorageError at once when the S3 endpoint cannot be connected to and has not
+        answered this process yet: most likely a wrong endpoint_url, region or network, which
+        retrying cannot fix. botocore has already retried the connection (about 7 s); retrying
+        that six times more kept a typo waiting 45 s for its error. An endpoint that answered
+        before is having an outage, and is retried as usual."""
+        if not self.is_s3 or self._endpoint in _ANSWERED_ENDPOINTS:
+            return
+        botocore = sys.modules.get("botocore.exceptions")
+        if botocore is None or not isinstance(exc, (botocore.EndpointConnectionError, botocore.ConnectTimeoutError)):
+            return
+        raise StorageError(f"{what} {path} failed: cannot connect to the S3 endpoint {self._endpoint} ({exc}); "
+                           "check the storage options endpoint_url and region_name, the network, and that "
+                           "the service is up") from exc
 
     def _raise_if_misconfigured(self, exc: BaseException, what: str, path: str) -> None:
         """A StorageError saying what to fix, for failures that no file and no retry can change:
