@@ -127,6 +127,45 @@ def test_int32_data_widens_into_an_int64_column():
     assert out.field("id").type == pa.int64() and out.field("ts").type == pa.int64()
 
 
+def _strict(list_type, value=pa.string()):
+    return list_type(pa.field("item", value, nullable=False))
+
+
+@pytest.mark.parametrize("column, incoming", [
+    # Nullability aside, equal field for field: large_list widens as list always did.
+    (_strict(pa.list_), pa.list_(pa.string())),
+    (_strict(pa.large_list), pa.large_list(pa.string())),
+    (_strict(pa.large_list), pa.large_list(pa.large_string())),
+    # list and large_list differ only in offset width, as string and large_string do.
+    (_strict(pa.large_list), pa.list_(pa.string())),
+    (pa.list_(pa.int64()), pa.large_list(pa.int64())),
+    # At any depth.
+    (pa.struct([pa.field("l", _strict(pa.large_list))]), pa.struct([("l", pa.large_list(pa.string()))])),
+    (pa.map_(pa.string(), _strict(pa.large_list)), pa.map_(pa.string(), pa.list_(pa.string()))),
+    (pa.large_list(pa.struct([pa.field("x", pa.int64(), nullable=False)])),
+     pa.large_list(pa.struct([("x", pa.int64())]))),
+], ids=str)
+def test_large_lists_widen_like_lists(column, incoming):
+    table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("c", column)])
+    assert evolve_schema(table, pa.schema([("id", pa.int64()), ("c", incoming)])).equals(table)
+
+
+def test_a_large_list_of_another_element_type_is_still_refused():
+    table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("c", pa.large_list(pa.int64()))])
+    for incoming in (pa.large_list(pa.string()), pa.list_(pa.string()), pa.large_list(pa.large_list(pa.int64()))):
+        with pytest.raises(SchemaError, match="column 'c'"):
+            evolve_schema(table, pa.schema([("id", pa.int64()), ("c", incoming)]))
+
+
+def test_list_and_large_list_data_are_written_into_a_large_list_column(tmp_path):
+    import nbcc
+    t = nbcc.Table.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("c", _strict(pa.large_list))]), "id")
+    t.write(pa.table({"id": [1, 2], "c": pa.array([["a"], None], pa.large_list(pa.string()))}))
+    t.write(pa.table({"id": [3], "c": pa.array([["b", "c"]], pa.list_(pa.string()))}))
+    assert t.schema().field("c").type == _strict(pa.large_list)
+    assert t.read().sort_by("id").column("c").to_pylist() == [["a"], None, ["b", "c"]]
+
+
 def test_a_changed_type_is_refused_and_names_the_column():
     incoming = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("ts", pa.string()),
                           pa.field("name", pa.string())])
