@@ -226,6 +226,38 @@ def test_a_table_cannot_be_created_with_names_spark_cannot_tell_apart(tmp_path):
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
+def test_concurrent_writers_adding_one_column_in_two_spellings_commit_only_the_first(tmp_path):
+    import nbcc
+    from nbcc.writer import prepare
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, pa.schema([("id", pa.string()), ("ts", pa.int64())]), "id", ordering_field="ts")
+
+    def begin(rows):  # a writer of its own, begun before either commits: neither sees the other's column
+        t = nbcc.Table.open(uri)
+        data = pa.table(rows)
+        txn = t.begin_write(data.schema)
+        writer = t.log_writer(txn, "0-0-0")
+        writer.write(prepare(data, t.config, txn.schema, "upsert"))
+        return txn, writer
+
+    first_txn, first_writer = begin({"id": ["a"], "ts": [1], "Foo": [1], "bar": [1.5]})
+    second_txn, second_writer = begin({"id": ["b"], "ts": [2], "foo": [2]})
+    third_txn, third_writer = begin({"id": ["c"], "ts": [3], "bar": [3.5]})
+    first_txn.commit(first_writer.close())
+    with pytest.raises(SchemaError, match=rf"column 'foo' was added as 'Foo' by commit {first_txn.instant} .*"
+                                          r"Spark does not tell the two apart.*write it as 'Foo'"):
+        second_txn.commit(second_writer.close())
+    second_txn.rollback()
+    third_txn.commit(third_writer.close())  # the same spelling and type added twice is no conflict
+    table = nbcc.Table.open(uri)
+    assert table.schema().names == ["id", "ts", "Foo", "bar"]
+    assert table.read().sort_by("id").to_pylist() == [{"id": "a", "ts": 1, "Foo": 1, "bar": 1.5},
+                                                      {"id": "c", "ts": 3, "Foo": None, "bar": 3.5}]
+    # Written again under the table's spelling, as the error says, it commits.
+    table.write(pa.table({"id": ["b"], "ts": [2], "foo": [2]}).rename_columns(["id", "ts", "Foo"]))
+    assert table.read().sort_by("id").column("Foo").to_pylist() == [1, 2, None]
+
+
 @pytest.mark.parametrize("column, incoming", [
     ("at", pa.timestamp("us")),  # a wall-clock time into an instant column
     ("wall", pa.timestamp("us", tz="UTC")),  # an instant into a wall-clock column
