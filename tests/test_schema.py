@@ -127,6 +127,45 @@ def test_int32_data_widens_into_an_int64_column():
     assert out.field("id").type == pa.int64() and out.field("ts").type == pa.int64()
 
 
+def _strict(list_type, value=pa.string()):
+    return list_type(pa.field("item", value, nullable=False))
+
+
+@pytest.mark.parametrize("column, incoming", [
+    # Nullability aside, equal field for field: large_list widens as list always did.
+    (_strict(pa.list_), pa.list_(pa.string())),
+    (_strict(pa.large_list), pa.large_list(pa.string())),
+    (_strict(pa.large_list), pa.large_list(pa.large_string())),
+    # list and large_list differ only in offset width, as string and large_string do.
+    (_strict(pa.large_list), pa.list_(pa.string())),
+    (pa.list_(pa.int64()), pa.large_list(pa.int64())),
+    # At any depth.
+    (pa.struct([pa.field("l", _strict(pa.large_list))]), pa.struct([("l", pa.large_list(pa.string()))])),
+    (pa.map_(pa.string(), _strict(pa.large_list)), pa.map_(pa.string(), pa.list_(pa.string()))),
+    (pa.large_list(pa.struct([pa.field("x", pa.int64(), nullable=False)])),
+     pa.large_list(pa.struct([("x", pa.int64())]))),
+], ids=str)
+def test_large_lists_widen_like_lists(column, incoming):
+    table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("c", column)])
+    assert evolve_schema(table, pa.schema([("id", pa.int64()), ("c", incoming)])).equals(table)
+
+
+def test_a_large_list_of_another_element_type_is_still_refused():
+    table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("c", pa.large_list(pa.int64()))])
+    for incoming in (pa.large_list(pa.string()), pa.list_(pa.string()), pa.large_list(pa.large_list(pa.int64()))):
+        with pytest.raises(SchemaError, match="column 'c'"):
+            evolve_schema(table, pa.schema([("id", pa.int64()), ("c", incoming)]))
+
+
+def test_list_and_large_list_data_are_written_into_a_large_list_column(tmp_path):
+    import nbcc
+    t = nbcc.Table.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("c", _strict(pa.large_list))]), "id")
+    t.write(pa.table({"id": [1, 2], "c": pa.array([["a"], None], pa.large_list(pa.string()))}))
+    t.write(pa.table({"id": [3], "c": pa.array([["b", "c"]], pa.list_(pa.string()))}))
+    assert t.schema().field("c").type == _strict(pa.large_list)
+    assert t.read().sort_by("id").column("c").to_pylist() == [["a"], None, ["b", "c"]]
+
+
 def test_a_changed_type_is_refused_and_names_the_column():
     incoming = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("ts", pa.string()),
                           pa.field("name", pa.string())])
@@ -185,6 +224,38 @@ def test_a_table_cannot_be_created_with_names_spark_cannot_tell_apart(tmp_path):
     with pytest.raises(SchemaError, match="reserved prefix"):
         nbcc.Table.create(str(tmp_path / "b"), pa.schema([("id", pa.int64()), ("_Nbcc_x", pa.int64())]), "id")
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_concurrent_writers_adding_one_column_in_two_spellings_commit_only_the_first(tmp_path):
+    import nbcc
+    from nbcc.writer import prepare
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, pa.schema([("id", pa.string()), ("ts", pa.int64())]), "id", ordering_field="ts")
+
+    def begin(rows):  # a writer of its own, begun before either commits: neither sees the other's column
+        t = nbcc.Table.open(uri)
+        data = pa.table(rows)
+        txn = t.begin_write(data.schema)
+        writer = t.log_writer(txn, "0-0-0")
+        writer.write(prepare(data, t.config, txn.schema, "upsert"))
+        return txn, writer
+
+    first_txn, first_writer = begin({"id": ["a"], "ts": [1], "Foo": [1], "bar": [1.5]})
+    second_txn, second_writer = begin({"id": ["b"], "ts": [2], "foo": [2]})
+    third_txn, third_writer = begin({"id": ["c"], "ts": [3], "bar": [3.5]})
+    first_txn.commit(first_writer.close())
+    with pytest.raises(SchemaError, match=rf"column 'foo' was added as 'Foo' by commit {first_txn.instant} .*"
+                                          r"Spark does not tell the two apart.*write it as 'Foo'"):
+        second_txn.commit(second_writer.close())
+    second_txn.rollback()
+    third_txn.commit(third_writer.close())  # the same spelling and type added twice is no conflict
+    table = nbcc.Table.open(uri)
+    assert table.schema().names == ["id", "ts", "Foo", "bar"]
+    assert table.read().sort_by("id").to_pylist() == [{"id": "a", "ts": 1, "Foo": 1, "bar": 1.5},
+                                                      {"id": "c", "ts": 3, "Foo": None, "bar": 3.5}]
+    # Written again under the table's spelling, as the error says, it commits.
+    table.write(pa.table({"id": ["b"], "ts": [2], "foo": [2]}).rename_columns(["id", "ts", "Foo"]))
+    assert table.read().sort_by("id").column("Foo").to_pylist() == [1, 2, None]
 
 
 @pytest.mark.parametrize("column, incoming", [

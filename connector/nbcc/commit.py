@@ -118,16 +118,26 @@ class WriteTransaction:
         return completion
 
     def _check_added_columns(self) -> None:
-        """Two writers adding one column with different types is the one thing writers can
-        disagree on; refuse the later commit rather than publish files no reader can combine."""
-        mine = {n: self.schema.field(n).type for n in self.added_columns}
+        """Two writers adding one column with different types, or in spellings that differ only
+        in letter case, is the one thing writers can disagree on; refuse the later commit rather
+        than publish files no reader can combine (Spark could read neither of `Foo` and `foo`)."""
+        mine = {n.lower(): n for n in self.added_columns}
         metas = read_commit_metadatas(self.storage, Timeline.load(self.storage).completed())
         for inst_time, meta in metas.items():
             for f in meta.get("schema", []):
-                if f["name"] in mine and f["type"] != type_to_json(mine[f["name"]]):
+                name = mine.get(f["name"].lower())
+                if name is None:
+                    continue
+                if f["name"] != name:
                     raise SchemaError(
-                        f"column {f['name']!r} was added as {f['type']} by commit {inst_time} "
-                        f"while this write added it as {mine[f['name']]}; cast it and write again"
+                        f"column {name!r} was added as {f['name']!r} by commit {inst_time} while "
+                        f"this write added it as {name!r}; Spark does not tell the two apart, so the "
+                        f"table would hold two columns it cannot read: write it as {f['name']!r}"
+                    )
+                if f["type"] != type_to_json(self.schema.field(name).type):
+                    raise SchemaError(
+                        f"column {name!r} was added as {f['type']} by commit {inst_time} "
+                        f"while this write added it as {self.schema.field(name).type}; cast it and write again"
                     )
 
     def rollback(self, files: Iterable[dict[str, Any]] = (), reason: str = "the write failed") -> bool:

@@ -120,8 +120,11 @@ def _widens(src: pa.DataType, dst: pa.DataType) -> bool:
     strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
     if any(f(src) for f in strings) and any(f(dst) for f in strings):
         return True
+    # list and large_list differ only in offset width, as the string types do; nested ones were
+    # already compared as one type (norm below), so the top level must agree.
+    lists = (pa.types.is_list, pa.types.is_large_list)
     if (pa.types.is_struct(src) and pa.types.is_struct(dst)) or (
-            pa.types.is_list(src) and pa.types.is_list(dst)) or (
+            any(f(src) for f in lists) and any(f(dst) for f in lists)) or (
             pa.types.is_map(src) and pa.types.is_map(dst)):
         # Nested types must match field for field; Arrow's cast checks the details.
         return _nested_equal_ignoring_nullability(src, dst)
