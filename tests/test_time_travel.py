@@ -1165,3 +1165,22 @@ def test_cdc_of_a_few_changes_to_a_compacted_file_group_matches_the_states_at_be
         assert kinds == ["delete", "delete", "insert", "insert", "update"]
     latest = by_key(table.read(query_type="incremental", begin=begin))
     assert latest == {k: after[k] for k in touched if k in after}
+
+
+def test_a_cdc_read_takes_nan_for_unchanged_inside_nested_values_too(memory_uri):
+    # §12.7: NaN equals NaN, and nested values compare element for element by the same rule.
+    nan = float("nan")
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("xs", pa.list_(pa.float64())),
+                        ("s", pa.struct([("f", pa.float64())])), ("m", pa.map_(pa.string(), pa.float64()))])
+
+    def rows(changed_f: float) -> pa.Table:
+        return pa.Table.from_pylist([
+            {"id": 1, "x": nan, "xs": [1.0, nan], "s": {"f": nan}, "m": [("k", nan)]},
+            {"id": 2, "x": nan, "xs": [nan], "s": {"f": changed_f}, "m": [("k", nan)]},
+        ], schema=schema)
+    table = nbcc.Table.create(memory_uri, schema, "id")
+    table.write(rows(nan))
+    first = table.timeline()[-1].completion
+    table.write(rows(1.0))  # key 1 written again unchanged; key 2's s.f from NaN to 1.0
+    cdc = table.read(query_type="incremental", begin=first, incremental_format="cdc").to_pylist()
+    assert [(r["id"], r["_change_type"], r["after"]["s"]["f"]) for r in cdc] == [(2, "update", 1.0)]

@@ -806,11 +806,23 @@ def _equal(b: pa.ChunkedArray, a: pa.ChunkedArray) -> pa.Array:
     t = b.type
     if pa.types.is_nested(t):
         # No Arrow kernel compares nested values: compare them as Python values (changed keys only).
-        return pa.array([x == y for x, y in zip(b.to_pylist(), a.to_pylist())], pa.bool_())
+        return pa.array([_same_value(x, y) for x, y in zip(b.to_pylist(), a.to_pylist())], pa.bool_())
     eq = pc.or_kleene(pc.equal(b, a), pc.and_(b.is_null(), a.is_null()))
     if pa.types.is_floating(t):
         eq = pc.or_kleene(eq, pc.and_(pc.is_nan(b), pc.is_nan(a)))
     return eq.fill_null(False)
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    """`_equal` for one nested value as Python gives it (lists, dicts, a map's (key, value)
+    tuples): NaN equals NaN at any depth, as at the top level."""
+    if isinstance(x, float) and isinstance(y, float):
+        return x == y or (x != x and y != y)
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        return len(x) == len(y) and all(_same_value(u, v) for u, v in zip(x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same_value(x[k], y[k]) for k in x)
+    return x == y
 
 
 def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
