@@ -482,39 +482,77 @@ def test_a_rollback_mark_published_after_the_write_completed_deletes_nothing(loc
 
 
 
+S3_LEASE_MS = 3000  # moto on a loaded machine needs more than LEASE_MS for an ordinary commit
+
+
+class StalledS3Put:
+    """Holds the S3 client's put of a key matching `pattern` (a request stuck in botocore's
+    and s3fs's own retries) until `release`, or for ten leases; then the put lands, unless the
+    caller cancelled it meanwhile. With `lands_first`, the put lands at once and its reply is
+    what is held (a lost reply). `ended` is set once the held request is over either way."""
+
+    def __init__(self, fs, pattern: str, monkeypatch, lands_first: bool = False):
+        import asyncio
+        self.stalled, self.release, self.ended = threading.Event(), threading.Event(), threading.Event()
+        real = fs._call_s3
+
+        async def stalling(method, *args, **kwargs):
+            if method != "put_object" or not re.search(pattern, f"/{kwargs.get('Key', '')}"):
+                return await real(method, *args, **kwargs)
+            self.stalled.set()
+            try:
+                reply = await real(method, *args, **kwargs) if lands_first else None
+                give_up = time.monotonic() + 10 * S3_LEASE_MS / 1000
+                while not self.release.is_set() and time.monotonic() < give_up:
+                    await asyncio.sleep(0.05)
+                return reply if lands_first else await real(method, *args, **kwargs)
+            finally:
+                self.ended.set()
+        monkeypatch.setattr(fs, "_call_s3", stalling)  # s3fs caches one client per options
+
+    def finish(self) -> None:
+        assert self.stalled.is_set()
+        self.release.set()
+        assert self.ended.wait(WAIT_S)  # the held request is over: cancelled, or it landed
+
+
 def test_on_s3_a_commit_whose_put_stalls_past_the_lease_is_given_up(s3_table, monkeypatch):
-    # A request stuck in the S3 client (botocore's and s3fs's own retries can last minutes)
-    # must not publish a commit after another process may have taken the lock over: the put
-    # is cancelled when the lease runs out, and the write fails with nothing published.
-    import asyncio
+    # A commit must not be published after another process may have taken the lock over: the
+    # put is cancelled when the lease runs out, and the write fails with nothing published.
     uri, opts = s3_table
-    lease_ms = 3000  # moto under a loaded machine needs more than LEASE_MS for an ordinary commit
-    table = new_table(uri, storage_options=opts, lock_lease_ms=lease_ms)
+    table = new_table(uri, storage_options=opts, lock_lease_ms=S3_LEASE_MS)
     ref = Ref()
     ref.write(table, KEYS, "c0")
-    stalled, release, ended = threading.Event(), threading.Event(), threading.Event()
-    real = table.storage.fs._call_s3
-
-    async def stalling(method, *args, **kwargs):
-        if method != "put_object" or not re.search(COMPLETED_FILE, f"/{kwargs.get('Key', '')}"):
-            return await real(method, *args, **kwargs)
-        stalled.set()
-        try:  # held until released (or, unbounded, for ten leases), then the put lands
-            give_up = time.monotonic() + 10 * lease_ms / 1000
-            while not release.is_set() and time.monotonic() < give_up:
-                await asyncio.sleep(0.05)
-            return await real(method, *args, **kwargs)
-        finally:
-            ended.set()
-    monkeypatch.setattr(table.storage.fs, "_call_s3", stalling)  # s3fs caches one client per options
+    stall = StalledS3Put(table.storage.fs, COMPLETED_FILE, monkeypatch)
     data, _ = ref.batch(KEYS[:10], "late")
     with pytest.raises(nbcc.StorageError, match="lease ran out.*not tried again"):
         table.write(data)
-    assert stalled.is_set()
-    release.set()
-    assert ended.wait(WAIT_S)  # the stalled request is over: cancelled, or it landed
+    stall.finish()
     monkeypatch.undo()
     assert [i.state for i in table.timeline()].count("completed") == 1, table.timeline()
+    assert snapshot(table) == ref.expected()
+    ref.write(table, KEYS[10:20], "next")
+    assert snapshot(table) == ref.expected()
+
+
+def test_on_s3_a_write_whose_requested_file_landed_but_its_reply_was_lost_is_rolled_back_at_once(
+        s3_table, monkeypatch):
+    # The put landed, its reply never came, and the write gave up at the lease's end: it
+    # withdraws its instant at once rather than leave it pending until the cleaner's heartbeat
+    # timeout (five minutes by default).
+    uri, opts = s3_table
+    table = new_table(uri, storage_options=opts, lock_lease_ms=S3_LEASE_MS)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    stall = StalledS3Put(table.storage.fs, r"timeline/\d{17}\.deltacommit\.requested$", monkeypatch,
+                          lands_first=True)
+    data, _ = ref.batch(KEYS[:10], "late")
+    with pytest.raises(nbcc.StorageError, match="lease ran out.*not tried again"):
+        table.write(data)
+    stall.finish()
+    monkeypatch.undo()
+    [withdrawn] = [i for i in table.timeline() if i.state != "completed"]
+    assert withdrawn.state == "rolledback"
     assert snapshot(table) == ref.expected()
     ref.write(table, KEYS[10:20], "next")
     assert snapshot(table) == ref.expected()

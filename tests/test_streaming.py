@@ -592,6 +592,25 @@ def test_claims_an_instant_published_after_the_lease_is_rolled_back_and_claimed_
     assert sorted(table.read().column("v").to_pylist()) == ["b2", "b3", "w0", "w1"]
 
 
+
+def test_claims_a_claim_whose_reply_was_lost_past_the_lease_is_withdrawn_and_claimed_anew(s3_table, monkeypatch):
+    # On S3 the claim's put is given up at the lease's end; it landed all the same (its reply
+    # was lost). Its instant is rolled back at once and the next attempt claims a new one.
+    from test_faults import S3_LEASE_MS, StalledS3Put
+    uri, opts = s3_table
+    table = nbcc.Table.create(uri, ARROW_SCHEMA, "id", ordering_field="ts", storage_options=opts,
+                              lock_lease_ms=S3_LEASE_MS)
+    stall = StalledS3Put(table.storage.fs, r"/streams/s1/0{20}\.0\.json$", monkeypatch, lands_first=True)
+    claim = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    stall.finish()
+    monkeypatch.undo()
+    states = {i.instant: i.state for i in table.timeline()}
+    [withdrawn] = [i for i, state in states.items() if state == "rolledback"]
+    assert claim.attempt == 1 and states == {withdrawn: "rolledback", claim.instant: "inflight"}
+    template = _template(table)
+    commit_batch(template, "s1", 0, claim.instant, _write_into(table, template, claim.instant, _rows(range(2), "b")))
+    assert sorted(table.read().column("v").to_pylist()) == ["b0", "b1"]
+
 def test_claims_a_stream_template_is_checked_like_a_write_and_begins_no_instant(tmp_path):
     table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
     with pytest.raises(nbcc.SchemaError, match="lacks the ordering_field column 'ts'"):

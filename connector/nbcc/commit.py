@@ -21,13 +21,13 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from .clock import TimeGenerator
-from .errors import CommitError, LockLostError, SchemaError
+from .errors import CommitError, LockLostError, SchemaError, StorageError
 from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
 from .storage import Storage
 from . import heartbeat
 from .metadata_table import index_commit, maintain
-from .rollback import rollback_instant
+from .rollback import rollback_instant, rollback_or_log
 from .timeline import (
     Timeline,
     create_completed,
@@ -53,11 +53,18 @@ class WriteTransaction:
 
     def begin(self) -> str:
         info = {"operation": self.operation, "host": socket.gethostname(), "pid": os.getpid()}
-        with self.clock.locked() as grant:
-            # Issued and made visible under one lock hold: a compaction scheduled later sees every
-            # older instant that may still complete, which bounds what it must keep (§15).
-            self.instant = grant.time
-            create_requested(self.storage, self.instant, self.action, info, grant)
+        try:
+            with self.clock.locked() as grant:
+                # Issued and made visible under one lock hold: a compaction scheduled later sees
+                # every older instant that may still complete, which bounds what it must keep (§15).
+                self.instant = grant.time
+                create_requested(self.storage, self.instant, self.action, info, grant)
+        except StorageError as failure:
+            # The put may have landed all the same (a lost reply, a request given up at the
+            # lease's end): undo it now rather than leave a pending instant for the cleaner.
+            if self.instant:
+                self.rollback_or_log(failure)
+            raise
         if grant.overran:
             # A compaction scheduled meanwhile may not have seen this instant pending, and then
             # keeps too little for it (§15.2 earliest_pending): never write it.
@@ -143,3 +150,8 @@ class WriteTransaction:
     def rollback(self, files: Iterable[dict[str, Any]] = (), reason: str = "the write failed") -> bool:
         """Undo this write at once (a failed Spark job's abort); never a completed one."""
         return rollback_instant(self.storage, self.clock, self.instant, self.partition_depth, files, reason)
+
+    def rollback_or_log(self, failure: BaseException) -> None:
+        """`rollback` of a write that failed with `failure`, which the caller raises; a failure
+        of the rollback itself is only logged."""
+        rollback_or_log(self.storage, self.clock, self.instant, self.partition_depth, failure)

@@ -82,6 +82,18 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
     return True
 
 
+def rollback_or_log(storage: Storage, clock: TimeGenerator, instant: str, partition_depth: int,
+                    failure: BaseException, reason: str = "the write failed") -> None:
+    """`rollback_instant` of a write that failed with `failure`, the error its caller goes on to
+    raise: a rollback that fails too is logged, and the cleaner rolls the write back once its
+    heartbeat expires."""
+    try:
+        rollback_instant(storage, clock, instant, partition_depth, reason=reason)
+    except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
+        log.warning("write %s failed (%s) and rolling it back failed too (the cleaner rolls it back "
+                    "once its heartbeat expires): %s", instant, failure, exc)
+
+
 def _still_failed(storage: Storage, clock: TimeGenerator, instant: str, mark_path: str) -> bool:
     """The mark was put after the lease ran out: the writer may have taken the lock over and
     completed the instant before the mark landed. Look again under the lock (a holder puts

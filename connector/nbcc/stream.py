@@ -41,9 +41,9 @@ from typing import Any, Iterable
 
 from .clock import parse_time_option
 from .commit import WriteTransaction
-from .errors import CommitError, InvalidOptionError, LockLostError
+from .errors import CommitError, InvalidOptionError, LockLostError, StorageError
 from .heartbeat import beat, remove as remove_heartbeat
-from .rollback import rollback_instant
+from .rollback import rollback_instant, rollback_or_log
 from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, plan_scan
 from .storage import Storage
 from .timeline import (
@@ -149,21 +149,30 @@ def _new_claim(storage: Storage, clock: Any, stream_id: str, batch_id: int, atte
     """Claim `attempt` of a batch with a new instant, issued and published as requested under the
     lock; None if another task claimed that attempt first."""
     path = _claim_path(stream_id, batch_id, attempt)
-    with clock.locked() as grant:
-        # Every claimant takes the lock, so a claim seen missing here is not being made by anyone
-        # else: the common race (all tasks of a new batch at once) leaves no stray instant.
-        if storage.exists(path):
-            return None
-        instant = grant.time
-        create_requested(storage, instant, action, info, grant)
-        body = {"stream_id": stream_id, "batch_id": batch_id, "attempt": attempt, "instant": instant,
-                "action": action, "query_id": query_id}
-        won = False
-        if not grant.overran:
-            try:
-                won = grant.put_if_absent(storage, path, json.dumps(body).encode())
-            except LockLostError:
-                pass  # too late in the lease to claim: the instant is withdrawn below
+    instant = ""
+    try:
+        with clock.locked() as grant:
+            # Every claimant takes the lock, so a claim seen missing here is not being made by
+            # anyone else: the common race (all tasks of a new batch at once) leaves no stray instant.
+            if storage.exists(path):
+                return None
+            instant = grant.time
+            create_requested(storage, instant, action, info, grant)
+            body = {"stream_id": stream_id, "batch_id": batch_id, "attempt": attempt, "instant": instant,
+                    "action": action, "query_id": query_id}
+            won = False
+            if not grant.overran:
+                try:
+                    won = grant.put_if_absent(storage, path, json.dumps(body).encode())
+                except (LockLostError, StorageError):
+                    # Too late in the lease to claim, or the put failed (it may have landed: a
+                    # lost reply, a request given up at the lease's end): withdrawn below.
+                    pass
+    except StorageError as failure:
+        # The requested file may have landed all the same: undo it now, not at the cleaner's.
+        if instant:
+            rollback_or_log(storage, clock, instant, 0, failure)
+        raise
     # As WriteTransaction.begin: an instant published past the lease may have been missed by a
     # compaction scheduled meanwhile. A claim that landed then names a rolled-back instant, and
     # the next attempt claims anew.

@@ -249,11 +249,7 @@ class Table:
             # once its heartbeat expires (a commit that completed is never rolled back). Not when
             # the lock could not be taken: the rollback needs it too, and would wait as long again.
             if not isinstance(failure, LockTimeoutError):
-                try:
-                    txn.rollback(reason="the write failed")
-                except Exception as exc:  # noqa: BLE001 - the write's own error is the one to raise
-                    log.warning("write %s failed and rolling it back failed too (the cleaner rolls it "
-                                "back once its heartbeat expires): %s", txn.instant, exc)
+                txn.rollback_or_log(failure)
             raise
         maybe_compact(self.storage, self.config, self.clock, given.get("compaction_delta_commits"),
                       given.get("compaction_inline", False), f"commit {txn.instant}", log)
