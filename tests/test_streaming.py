@@ -520,6 +520,24 @@ def test_stream_id_option_names_the_stream_and_belongs_to_one_query(spark, tmp_p
     assert _ids(nbcc.Table.open(uri).read()) == list(range(5))
 
 
+
+def test_a_query_restarted_from_its_checkpoint_under_another_stream_id_is_refused(spark, tmp_path):
+    # Batch 1 committed in nbcc but not in Spark's checkpoint (the process died in between):
+    # the restart replays it. Under another stream_id the replay would not be recognised and
+    # batch 1 would be committed twice, over any newer write of its keys.
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "ckpt"
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 3), "a"), _rows(range(3, 6), "b")])
+    _run(_sink(_file_stream(spark, inputs), uri, ckpt))
+    for name in ("1", ".1.crc"):
+        (ckpt / "commits" / name).unlink(missing_ok=True)
+    with pytest.raises(StreamingQueryException, match=r"wrote to this table as stream_id='[0-9a-f-]{36}'; "
+                                                      r"restarted as stream_id='orders_v2'.*without stream_id"):
+        _run(_sink(_file_stream(spark, inputs), uri, ckpt, stream_id="orders_v2"))
+    assert [c["batch_id"] for c in _data_commits(uri)] == [0, 1]
+    _run(_sink(_file_stream(spark, inputs), uri, ckpt))  # as before: the replay commits nothing
+    assert [c["batch_id"] for c in _data_commits(uri)] == [0, 1]
+    assert _ids(nbcc.Table.open(uri).read()) == list(range(6))
+
 def test_bad_streaming_write_options_fail_clearly_and_write_nothing(spark, tmp_path):
     inputs = _inputs(tmp_path / "in", [_rows(range(0, 5), "a")])
     uri = tmp_path / "t"
@@ -687,6 +705,17 @@ def test_claims_stream_ids_and_owners_are_checked_and_old_claims_pruned(tmp_path
     check_owner(table.storage, "query-3", "query-3")
     with pytest.raises(InvalidOptionError, match="stream_id='query-3' belongs to another streaming query"):
         check_owner(table.storage, "query-3", "query-4")
+    # And a query writes under one stream id: its checkpoint's replays are recognised only there.
+    with pytest.raises(InvalidOptionError, match="query-1.*as stream_id='named'; restarted as stream_id='other'"):
+        check_owner(table.storage, "other", "query-1")
+    with pytest.raises(InvalidOptionError, match="as stream_id='query-3'.*without stream_id"):
+        check_owner(table.storage, "named-3", "query-3")
+    # A query that wrote under its default before queries were recorded is known by its owner file.
+    table.storage.put_if_absent(".nbcc/streams/query-5/owner.json", b'{"query_id": "query-5"}')
+    with pytest.raises(InvalidOptionError, match="as stream_id='query-5'"):
+        check_owner(table.storage, "named-5", "query-5")
+    check_owner(table.storage, "query-5", "query-5")
+    assert not (Path(table.uri) / ".nbcc/streams/named-5").exists()
 
     for b in range(KEEP_CLAIMS + 5):
         table.storage.put_if_absent(f".nbcc/streams/s1/{b:020d}.0.json", b"{}")

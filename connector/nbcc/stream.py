@@ -65,6 +65,7 @@ log = logging.getLogger(__name__)
 
 STREAMS_DIR = ".nbcc/streams"
 OWNER_FILE = "owner.json"
+QUERIES_DIR = f"{STREAMS_DIR}/_queries"  # the stream id each query writes under
 KEEP_CLAIMS = 100  # batches whose claims are kept; an engine replays only its latest batch
 _MAX_CLAIM_ROUNDS = 50
 _STREAM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -190,9 +191,12 @@ def check_owner(storage: Storage, stream_id: str, query_id: str | None) -> None:
     """A stream id belongs to one streaming query (one checkpoint). Another query starts its
     batch ids at 0 again, so its batches would be taken for replays of the first one's and
     skipped: refuse it instead. A default stream id (the query id) is recorded too: another
-    query may be given it as its stream_id."""
+    query may be given it as its stream_id. And a query belongs to one stream id: restarted
+    from its checkpoint under another one, it would commit again the batches it had committed
+    but not yet checkpointed (`_check_query_stream`)."""
     if not query_id or (storage.uri, stream_id, query_id) in _OWNERS_SEEN:
         return
+    _check_query_stream(storage, stream_id, query_id)
     path = f"{_claim_dir(stream_id)}/{OWNER_FILE}"
     if not storage.put_if_absent(path, json.dumps({"query_id": query_id}).encode()):
         owner = json.loads(storage.read_bytes(path)).get("query_id")
@@ -204,6 +208,33 @@ def check_owner(storage: Storage, stream_id: str, query_id: str | None) -> None:
                 "leave stream_id out: it defaults to the query id, kept in the checkpoint)."
             )
     _OWNERS_SEEN.add((storage.uri, stream_id, query_id))
+
+
+def _check_query_stream(storage: Storage, stream_id: str, query_id: str) -> None:
+    """Refuse a query that wrote under another stream id: `.nbcc/streams/_queries/<query_id>.json`
+    records the one it first wrote under (a stream id never starts with '_'). A query that wrote
+    before these records existed is known by its default stream's owner file."""
+    if not _STREAM_ID.fullmatch(query_id):
+        return  # not a name a file can have (Spark's query ids are UUIDs)
+    path = f"{QUERIES_DIR}/{query_id}.json"
+    try:
+        recorded = json.loads(storage.read_bytes(path)).get("stream_id")
+    except FileNotFoundError:
+        recorded = None
+        if stream_id != query_id and storage.exists(f"{_claim_dir(query_id)}/{OWNER_FILE}"):
+            recorded = query_id  # it wrote under its default stream id
+        elif storage.put_if_absent(path, json.dumps({"stream_id": stream_id}).encode()):
+            return
+        else:  # another task of the query recorded it first
+            recorded = json.loads(storage.read_bytes(path)).get("stream_id")
+    if recorded != stream_id:
+        raise InvalidOptionError(
+            f"this streaming query (query id {query_id}, kept in its checkpoint) wrote to this table as "
+            f"stream_id={recorded!r}; restarted as stream_id={stream_id!r} it would commit again the batches "
+            f"it committed as {recorded!r} but had not checkpointed yet. Restart it with stream_id={recorded!r}"
+            f"{' (or without stream_id: that is its default)' if recorded == query_id else ''}, or give "
+            f"stream {stream_id!r} a new checkpoint location."
+        )
 
 
 def claim_batch(storage: Storage, clock: Any, stream_id: str, batch_id: int, action: str,
