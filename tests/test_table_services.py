@@ -940,6 +940,48 @@ def test_a_failing_inline_compaction_leaves_the_write_committed_and_logs_why(tmp
     assert table.read().sort_by("id").to_pydict() == {"id": [1, 2], "v": ["a", "B"]}
 
 
+
+def _write_with(table: nbcc.Table, ref: Ref, keys: Iterable[int], tag: str, **options: Any) -> None:
+    data, rows = ref.batch(keys, tag)
+    table.write(data, **options)
+    ref.apply(rows)
+
+
+def test_inline_compaction_finishes_a_compaction_that_nothing_executes(tmp_path, caplog):
+    # A process killed between scheduling and completing a compaction left it pending. Inline
+    # writers left it alone for good (it was "the job's"), and log files piled up. Now one that
+    # sees it abandoned (no heartbeat within heartbeat_timeout_s) finishes it; one being
+    # executed (a fresh heartbeat) is left to its executor.
+    table = new_table(str(tmp_path / "t"))
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    left = table.schedule_compaction()  # its executor dies before running it
+    inline = {"compaction_delta_commits": 1, "compaction_inline": True}
+    nbcc.heartbeat.beat(table.storage, left)  # as an executor in progress does
+    _write_with(table, ref, KEYS[:10], "c1", **inline)
+    assert table.pending_compactions() == [left]
+    time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)  # the executor's heartbeat expires
+    with caplog.at_level("WARNING", logger="nbcc.table"):
+        _write_with(table, ref, KEYS[10:20], "c2", **inline)
+    assert f"compaction {left} was left pending" in caplog.text
+    done = [i.instant for i in table.timeline() if i.action == "commit" and i.state == "completed"]
+    assert table.pending_compactions() == [] and done[0] == left and len(done) == 2  # then a new one
+    assert snapshot(table) == ref.expected()
+    assert all(s.log_files == [] for s in table.file_slices())  # c2 is compacted too
+
+
+def test_a_scheduling_only_writer_says_when_a_compaction_stays_pending(tmp_path, caplog):
+    table = new_table(str(tmp_path / "t"))
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    left = table.schedule_compaction()
+    time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)
+    with caplog.at_level("WARNING", logger="nbcc.table"):
+        _write_with(table, ref, KEYS[:10], "c1", compaction_delta_commits=1)
+    assert f"compaction {left} is pending and nothing has executed it" in caplog.text
+    assert f"`nbcc compact {table.uri}` finishes it" in caplog.text
+    assert table.pending_compactions() == [left]
+
 def test_a_base_file_that_keeps_two_records_of_a_key_is_merged_when_read(tmp_path):
     """While an older write is pending, compaction keeps a key's records from it on (a late
     record may still outrank the winner), so the base file can hold two rows of one key with no

@@ -17,14 +17,16 @@ import json
 import logging
 import os
 import random
+import time
 from typing import Any, Callable
 
 import pyarrow.compute as pc
 
-from .clock import TimeGenerator, parse_time_option
+from .clock import TimeGenerator, parse_time, parse_time_option
 from .config import TableConfig
 from .errors import CommitError, DataFileError, InvalidOptionError
 from .filenames import base_file_name, data_file_path, make_token
+from .heartbeat import Heartbeat, interval_s, last_beat_ms
 from .merge import one_row_per_key
 from .metadata_table import index_commit
 from .reader import iter_files
@@ -185,16 +187,26 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
     token = execution_token()
     operations = read_compaction_plan(storage, tc)["operations"]
     files = []
-    try:
-        for n, op in enumerate(operations, 1):
-            files.append(compact_file_group(storage, config, tc, op, token))
-            if progress is not None:
-                progress(n, len(operations))
-    except (DataFileError, FileNotFoundError):
-        if is_completed(storage, tc):
-            return None  # and a clean deleted the inputs it no longer needed: nothing was lost
-        raise
-    return complete_compaction(storage, clock, tc, files)
+    # The heartbeat tells an execution in progress from one that died (see abandoned_compactions).
+    with Heartbeat(storage, tc, interval_s(config.heartbeat_timeout_s)):
+        try:
+            for n, op in enumerate(operations, 1):
+                files.append(compact_file_group(storage, config, tc, op, token))
+                if progress is not None:
+                    progress(n, len(operations))
+        except (DataFileError, FileNotFoundError):
+            if is_completed(storage, tc):
+                return None  # and a clean deleted the inputs it no longer needed: nothing was lost
+            raise
+        return complete_compaction(storage, clock, tc, files)
+
+
+def abandoned_compactions(storage: Storage, timeline: Timeline, timeout_s: float) -> list[str]:
+    """Pending compactions that nothing executes: no heartbeat (nor, without one, its scheduling)
+    within `timeout_s`. Their execution died, or none was started."""
+    now = time.time_ns() // 1_000_000
+    return [i.instant for i in timeline.instants if i.action == COMPACTION and not i.is_completed
+            and now - max(last_beat_ms(storage, i.instant) or 0, parse_time(i.instant)) > timeout_s * 1000]
 
 
 
@@ -214,7 +226,7 @@ def maybe_compact(storage: Storage, config: TableConfig, clock: TimeGenerator, e
     if not every:
         return None
     try:
-        return _compact_inline(storage, config, clock, every, inline)
+        return _compact_inline(storage, config, clock, every, inline, logger or log)
     except Exception as exc:  # noqa: BLE001 - see above
         (logger or log).warning("%s completed, but the compaction after it failed: %s. `nbcc compact` "
                                 "finishes a compaction left pending", committed, exc)
@@ -222,12 +234,26 @@ def maybe_compact(storage: Storage, config: TableConfig, clock: TimeGenerator, e
 
 
 def _compact_inline(storage: Storage, config: TableConfig, clock: TimeGenerator, every: int,
-                    inline: bool) -> str | None:
+                    inline: bool, logger: logging.Logger) -> str | None:
     timeline = Timeline.load(storage)
-    if delta_commits_since_compaction(timeline) < every:
+    since = delta_commits_since_compaction(timeline)
+    if since < every:
         return None
-    if any(i.action == COMPACTION and not i.is_completed for i in timeline.instants):
-        return None  # one is pending already: executing it is the job's (or the next inline run's)
+    pending = [i.instant for i in timeline.instants if i.action == COMPACTION and not i.is_completed]
+    if pending:
+        # Executing it is the job's, or the inline run's that scheduled it. One that nothing
+        # executes (a killed process) an inline writer finishes, as `nbcc compact` would: a plan
+        # may be executed again (format.md §15.3). A scheduling-only writer says so, once per
+        # `every` commits.
+        abandoned = abandoned_compactions(storage, timeline, config.heartbeat_timeout_s)
+        if abandoned and not inline and since % every == 0:
+            logger.warning("compaction %s is pending and nothing has executed it for %d delta commits; "
+                           "`nbcc compact %s` finishes it", abandoned[0], since, storage.uri)
+        if not inline or len(abandoned) < len(pending):
+            return None
+        for tc in abandoned:
+            logger.warning("compaction %s was left pending (its execution stopped); finishing it", tc)
+            run_compaction(storage, config, clock, tc)
     tc = schedule_compaction(storage, config, clock)
     if tc is not None and inline:
         run_compaction(storage, config, clock, tc)

@@ -12,6 +12,7 @@ from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
 from nbcc.compaction import compact_file_group, compaction_to_run, complete_compaction
+from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.config import parse_options
 from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
@@ -111,13 +112,15 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
         return compact_file_group(storage, config, tc, op, token)
 
     rdd = spark.sparkContext.parallelize(list(enumerate(operations)), max(1, len(operations)))
-    try:
-        files = rdd.map(merge_group).collect()
-    except Exception:
-        if is_completed(table.storage, tc):
-            return tc  # another run completed it, and a clean deleted the inputs: nothing was lost
-        raise
-    complete_compaction(table.storage, table.clock, tc, files)  # None: another run completed it
+    # The driver's heartbeat says the compaction is being executed (nbcc.compaction.abandoned_compactions).
+    with Heartbeat(table.storage, tc, interval_s(config.heartbeat_timeout_s)):
+        try:
+            files = rdd.map(merge_group).collect()
+        except Exception:
+            if is_completed(table.storage, tc):
+                return tc  # another run completed it, and a clean deleted the inputs: nothing was lost
+            raise
+        complete_compaction(table.storage, table.clock, tc, files)  # None: another run completed it
     return tc
 
 
