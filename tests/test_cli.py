@@ -441,6 +441,17 @@ def test_timeline_on_s3_with_storage_options(s3_table, capsys):
     assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
 
 
+
+def test_a_storage_option_of_the_wrong_form_is_an_error_not_a_traceback(capsys):
+    # Refused before any request: the endpoint (a closed port) is never asked.
+    for option, message in (("config_kwargs=notjson", "config_kwargs='notjson' is not a JSON object"),
+                            ("client_kwargs=[1]", "client_kwargs='[1]' is not a JSON object"),
+                            ("anon=maybe", "anon='maybe' is not a boolean; give true or false")):
+        code, out, err = run(capsys, "timeline", "s3://b/t", "--storage-option", option,
+                             "--storage-option", "endpoint_url=http://127.0.0.1:1")
+        assert code == 1 and out == ""
+        assert err.startswith(f"nbcc: error: storage option {message}") and "Traceback" not in err
+
 # -- the metadata table -----------------------------------------------------------------------------
 
 def test_index_builds_shows_and_drops_metadata_table_partitions(local_table, capsys):
