@@ -325,6 +325,24 @@ def test_clean_warns_when_the_heartbeat_timeout_is_shorter_than_the_tables(local
         assert code == 0 and err == ""
 
 
+
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_a_usage_error(local_table, capsys):
+    # nan and inf were taken, and made `clean` roll back nothing, silently.
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=1)
+    live = table.begin_write(SCHEMA)
+    before = [(i.instant, i.state) for i in table.timeline()]
+    for command, flag in (("clean", "--heartbeat-timeout-s"), ("index", "--timeout")):
+        extra = ["--partitions", "files"] if command == "index" else []
+        for value in ("nan", "inf", "Infinity", "-1", "-0.5", "abc"):
+            code, out, err = run(capsys, command, uri, *extra, f"{flag}={value}")
+            assert code == 2 and out == "", (flag, value)
+            assert err.splitlines()[-1] == (f"nbcc {command}: error: argument {flag}: expected a number of "
+                                            f"seconds, 0 or more (e.g. 30 or 2.5), got {value!r}")
+    assert [(i.instant, i.state) for i in table.timeline()] == before  # nothing rolled back
+    assert table.index_state()["partitions"] == {}  # nothing built
+    live.commit([])
+
 def test_archive_moves_instants_and_the_timeline_still_lists_them(local_table, capsys):
     uri, _ = local_table
     table, written = make_table(uri, commits=6)
