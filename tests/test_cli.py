@@ -378,7 +378,7 @@ def test_rollback_of_an_inflight_write(local_table, capsys):
     assert code == 0 and txn.instant in out
     assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
     assert snapshot(table) == before
-    with pytest.raises(nbcc.CommitError):  # the writer can no longer complete it
+    with pytest.raises(nbcc.CommitError, match="was rolled back: a manual rollback"):  # the writer can no longer complete it
         txn.commit([])
 
 
