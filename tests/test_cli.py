@@ -514,16 +514,18 @@ def test_index_errors_are_clear(local_table, tmp_path, capsys):
     code, _, err = run(capsys, "index", tmp_path / "nothing-here", "--partitions", "files")
     assert code == 1 and "not an nbcc table" in err
 
-    for argv in (["--timeout", "5"], ["-q"], ["--drop", "files", "--quiet"], ["--timeout", "5", "-q"]):
+    for argv, given in ((["--timeout", "5"], "--timeout applies"), (["-q"], "-q/--quiet applies"),
+                        (["--drop", "files", "--quiet"], "-q/--quiet applies"),
+                        (["--timeout", "5", "-q"], "--timeout and -q/--quiet apply")):
         code, out, err = run(capsys, "index", uri, *argv)  # building options without building
         assert code == 2 and out == "", argv
-        assert "only apply with --partitions" in err.splitlines()[-1], argv
+        assert err.splitlines()[-1] == f"nbcc index: error: {given} only with --partitions (building partitions)"
     assert table.index_state()["partitions"] == {}
 
     txn = table.begin_write(SCHEMA)  # a write in flight: catch-up waits for it, then gives up
     code, out, err = run(capsys, "index", uri, "--partitions", "files", "--timeout", "0.2", "--quiet")
     assert code == 1 and err.startswith("nbcc: error: indexing ")
-    assert f"writes {txn.instant} were still in flight" in err and "resumes" in err
+    assert f"write {txn.instant} was still in flight" in err and "resumes" in err
     code, out, _ = run(capsys, "index", uri)
     assert code == 0 and rows_of(out)[0] == ["files", "building"]
     assert "pending indexing" in out and "to resume it" in out

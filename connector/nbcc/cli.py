@@ -326,7 +326,8 @@ def _check_index_usage(args: argparse.Namespace) -> str | None:
         given = [name for name, value in (("--timeout", args.timeout), ("-q/--quiet", args.quiet or None))
                  if value is not None]
         if given:
-            return f"{' and '.join(given)} only apply with --partitions (building partitions)"
+            verb = "apply" if len(given) > 1 else "applies"
+            return f"{' and '.join(given)} {verb} only with --partitions (building partitions)"
     return None
 
 
