@@ -325,6 +325,24 @@ def test_clean_warns_when_the_heartbeat_timeout_is_shorter_than_the_tables(local
         assert code == 0 and err == ""
 
 
+
+def test_a_timeout_that_is_not_a_finite_number_of_seconds_is_a_usage_error(local_table, capsys):
+    # nan and inf were taken, and made `clean` roll back nothing, silently.
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=1)
+    live = table.begin_write(SCHEMA)
+    before = [(i.instant, i.state) for i in table.timeline()]
+    for command, flag in (("clean", "--heartbeat-timeout-s"), ("index", "--timeout")):
+        extra = ["--partitions", "files"] if command == "index" else []
+        for value in ("nan", "inf", "Infinity", "-1", "-0.5", "abc"):
+            code, out, err = run(capsys, command, uri, *extra, f"{flag}={value}")
+            assert code == 2 and out == "", (flag, value)
+            assert err.splitlines()[-1] == (f"nbcc {command}: error: argument {flag}: expected a number of "
+                                            f"seconds, 0 or more (e.g. 30 or 2.5), got {value!r}")
+    assert [(i.instant, i.state) for i in table.timeline()] == before  # nothing rolled back
+    assert table.index_state()["partitions"] == {}  # nothing built
+    live.commit([])
+
 def test_archive_moves_instants_and_the_timeline_still_lists_them(local_table, capsys):
     uri, _ = local_table
     table, written = make_table(uri, commits=6)
@@ -360,7 +378,7 @@ def test_rollback_of_an_inflight_write(local_table, capsys):
     assert code == 0 and txn.instant in out
     assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
     assert snapshot(table) == before
-    with pytest.raises(nbcc.CommitError):  # the writer can no longer complete it
+    with pytest.raises(nbcc.CommitError, match="was rolled back: a manual rollback"):  # the writer can no longer complete it
         txn.commit([])
 
 
@@ -441,6 +459,17 @@ def test_timeline_on_s3_with_storage_options(s3_table, capsys):
     assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
 
 
+
+def test_a_storage_option_of_the_wrong_form_is_an_error_not_a_traceback(capsys):
+    # Refused before any request: the endpoint (a closed port) is never asked.
+    for option, message in (("config_kwargs=notjson", "config_kwargs='notjson' is not a JSON object"),
+                            ("client_kwargs=[1]", "client_kwargs='[1]' is not a JSON object"),
+                            ("anon=maybe", "anon='maybe' is not a boolean; give true or false")):
+        code, out, err = run(capsys, "timeline", "s3://b/t", "--storage-option", option,
+                             "--storage-option", "endpoint_url=http://127.0.0.1:1")
+        assert code == 1 and out == ""
+        assert err.startswith(f"nbcc: error: storage option {message}") and "Traceback" not in err
+
 # -- the metadata table -----------------------------------------------------------------------------
 
 def test_index_builds_shows_and_drops_metadata_table_partitions(local_table, capsys):
@@ -485,16 +514,18 @@ def test_index_errors_are_clear(local_table, tmp_path, capsys):
     code, _, err = run(capsys, "index", tmp_path / "nothing-here", "--partitions", "files")
     assert code == 1 and "not an nbcc table" in err
 
-    for argv in (["--timeout", "5"], ["-q"], ["--drop", "files", "--quiet"], ["--timeout", "5", "-q"]):
+    for argv, given in ((["--timeout", "5"], "--timeout applies"), (["-q"], "-q/--quiet applies"),
+                        (["--drop", "files", "--quiet"], "-q/--quiet applies"),
+                        (["--timeout", "5", "-q"], "--timeout and -q/--quiet apply")):
         code, out, err = run(capsys, "index", uri, *argv)  # building options without building
         assert code == 2 and out == "", argv
-        assert "only apply with --partitions" in err.splitlines()[-1], argv
+        assert err.splitlines()[-1] == f"nbcc index: error: {given} only with --partitions (building partitions)"
     assert table.index_state()["partitions"] == {}
 
     txn = table.begin_write(SCHEMA)  # a write in flight: catch-up waits for it, then gives up
     code, out, err = run(capsys, "index", uri, "--partitions", "files", "--timeout", "0.2", "--quiet")
     assert code == 1 and err.startswith("nbcc: error: indexing ")
-    assert f"writes {txn.instant} were still in flight" in err and "resumes" in err
+    assert f"write {txn.instant} was still in flight" in err and "resumes" in err
     code, out, _ = run(capsys, "index", uri)
     assert code == 0 and rows_of(out)[0] == ["files", "building"]
     assert "pending indexing" in out and "to resume it" in out

@@ -760,7 +760,7 @@ def test_catch_up_waits_for_writes_in_flight_and_a_timeout_aborts_cleanly(tmp_pa
     writer = t.log_writer(txn, "0-0-0")
     writer.write(prepare(data, t.config, txn.schema, "upsert"))
     files = writer.close()
-    with pytest.raises(nbcc.NbccError, match=f"writes {txn.instant} were still in flight.*resumes"):
+    with pytest.raises(nbcc.NbccError, match=f"indexing \\d{{17}}: write {txn.instant} was still in flight.*resumes"):
         t.build_index(timeout_s=0.3)
     [pending] = t.index_state()["pending"]
     assert pending["base_instant"] < txn.instant < pending["instant"]

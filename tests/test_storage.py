@@ -607,6 +607,42 @@ def test_s3_storage_option_values_are_converted_by_what_they_are(s3_table):
         Storage(uri, {**opts, "client_kwargs": "{region_name: x}"})
 
 
+def test_a_dict_or_boolean_s3_option_of_the_wrong_form_is_refused_and_nothing_is_written(s3_table):
+    # s3fs took config_kwargs="notjson" and failed at the first request with a raw AttributeError
+    # ('str' object has no attribute 'copy'), and took anon="maybe" as true.
+    uri, opts = s3_table
+    schema = pa.schema([("id", pa.int64())])
+    cases = [("config_kwargs", "notjson", r"config_kwargs='notjson' is not a JSON object .*give one"),
+             ("client_kwargs", "[1]", r"client_kwargs='\[1\]' is not a JSON object; give one"),
+             ("s3_additional_kwargs", '"text"', r"s3_additional_kwargs='\"text\"' is not a JSON object"),
+             ("client_kwargs", ["region_name"], r"client_kwargs=\['region_name'\] is not a JSON object"),
+             ("anon", "maybe", r"anon='maybe' is not a boolean; give true or false"),
+             ("use_ssl", "1", r"use_ssl='1' is not a boolean; give true or false"),
+             ("use_listings_cache", "yes", r"use_listings_cache='yes' is not a boolean; give true or false")]
+    for name, value, message in cases:
+        bad = {**opts, name: value}
+        with pytest.raises(InvalidOptionError, match=f"^storage option {message}"):
+            nbcc.Table.create(uri, schema, "id", storage_options=bad)
+        with pytest.raises(InvalidOptionError, match=f"^storage option {message}"):
+            Storage(uri, bad)
+    assert not Storage(uri, opts).exists("")  # the table's folder was never made
+    nbcc.Table.create(uri, schema, "id", storage_options=opts).write(pa.table({"id": [1]}))
+    with pytest.raises(InvalidOptionError, match="config_kwargs='notjson' is not a JSON object"):
+        nbcc.Table.open(uri, {**opts, "config_kwargs": "notjson"})
+    # the right forms, as text (Spark, the CLI) or as Python values
+    st = Storage(uri, {**opts, "anon": "False", "use_ssl": False, "client_kwargs": None,
+                       "s3_additional_kwargs": {"ACL": "private"}})
+    assert st.fs.anon is False and st.fs.use_ssl is False and st.fs.s3_additional_kwargs == {"ACL": "private"}
+
+
+def test_a_local_table_refuses_s3_option_values_of_the_wrong_form_too(tmp_path):
+    # As it refuses unknown names: the same settings would fail on an S3 table.
+    uri = str(tmp_path / "t")
+    with pytest.raises(InvalidOptionError, match="storage option anon='maybe' is not a boolean"):
+        nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options={"anon": "maybe"})
+    assert not os.path.exists(uri)
+
+
 def test_a_missing_bucket_is_named_not_taken_for_a_missing_table(s3_server):
     opts = s3_server["storage_options"]
     uri = "s3://no-such-bucket-nbcc/t"

@@ -888,12 +888,21 @@ def test_source_use_metadata_table_option(spark, tmp_path):
 def test_source_options_are_checked(spark, tmp_path):
     uri = str(tmp_path / "t")
     _table_with_commits(uri, range(0, 5))
-    with pytest.raises(Exception, match=r"unknown streaming read option\(s\): max_comits_per_trigger.*max_commits_per_trigger"):
+    # A typo tells neither read: both complaints, the stream's listing the right name.
+    with pytest.raises(Exception, match=r"unknown read option\(s\): max_comits_per_trigger.*as spark.readStream: "
+                                        r"unknown streaming read option\(s\): max_comits_per_trigger.*max_commits_per_trigger"):
         spark.readStream.format("nbcc").option("max_comits_per_trigger", 1).load(uri)
-    with pytest.raises(Exception, match="begin='yesterday' is not a time"):
-        spark.readStream.format("nbcc").option("begin", "yesterday").load(uri)
-    with pytest.raises(Exception, match="max_rows_per_trigger.*positive integer"):
-        spark.readStream.format("nbcc").option("max_rows_per_trigger", "0").load(uri)
+    # Options only a stream takes (begin without query_type, too): the stream's complaint alone,
+    # not first a batch read's that does not apply.
+    for option, value, message in (("begin", "yesterday", "begin='yesterday' is not a time"),
+                                   ("max_rows_per_trigger", "0", "'max_rows_per_trigger' must be a positive integer"),
+                                   ("max_commits_per_trigger", "0",
+                                    "'max_commits_per_trigger' must be a positive integer, got '0'")):
+        with pytest.raises(Exception, match=message) as err:
+            spark.readStream.format("nbcc").option(option, value).load(uri)
+        text = str(err.value)
+        assert "as spark.readStream" not in text and "unknown read option" not in text, text
+        assert "only for query_type" not in text, text
 
 
 def test_micro_batches_under_random_storage_faults_commit_exactly_once(tmp_path):

@@ -500,7 +500,7 @@ def test_a_slow_writer_rolled_back_after_its_heartbeat_expired_cannot_commit(loc
         rolled = table.rollback_failed_writes()
     assert rolled == [txn.instant]
 
-    with pytest.raises(nbcc.CommitError, match="rolled back"):
+    with pytest.raises(nbcc.CommitError, match=r"was rolled back: heartbeat expired \(\d+ s without one"):
         txn.commit(files)
     assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
     assert files_of_instant(data_files(uri), txn.instant) == set()
@@ -510,6 +510,34 @@ def test_a_slow_writer_rolled_back_after_its_heartbeat_expired_cannot_commit(loc
     ref.write(table, [0, 1, 2, 60, 61], "again")
     assert snapshot(table) == ref.expected()
 
+
+
+def test_a_writer_whose_write_was_rolled_back_by_hand_is_told_so(local_table):
+    # The error said "its heartbeat expired, or its job aborted" whatever the cause; it now
+    # quotes the reason the rollback mark records, and says that much when the mark is unreadable.
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    expected = ref.expected()
+    txn, files, _ = _open_write(table, ref, [0, 1, 70], "manual")
+    assert table.rollback(txn.instant) is True
+    with pytest.raises(nbcc.CommitError) as err:
+        txn.commit(files)
+    assert str(err.value) == (f"instant {txn.instant} was rolled back: a manual rollback (`nbcc rollback` or "
+                              "Table.rollback); its files are gone: write the data again")
+    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
+    assert files_of_instant(data_files(uri), txn.instant) == set()
+    assert snapshot(nbcc.Table.open(uri)) == expected
+
+    txn, files, _ = _open_write(table, ref, [2, 71], "unreadable mark")
+    assert table.rollback(txn.instant) is True
+    [mark] = (Path(uri) / ".nbcc" / "timeline").glob(f"{txn.instant}.*.rolledback")
+    mark.write_bytes(b"{not json")
+    with pytest.raises(nbcc.CommitError, match=r"was rolled back \(its heartbeat expired, or its job aborted\); "
+                                               "its files are gone"):
+        txn.commit(files)
+    assert snapshot(nbcc.Table.open(uri)) == expected
 
 # -- 4. cleaning -------------------------------------------------------------------------------
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any, Sequence
@@ -304,12 +305,14 @@ def _positive_int(text: str) -> int:
 
 
 def _seconds(text: str) -> float:
+    # float() takes nan and inf too, with which no heartbeat ever counts as expired (nan compares
+    # false with everything): `clean` then silently rolled back nothing.
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text}")
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more (e.g. 30 or 2.5), got {text!r}")
     return value
 
 
@@ -323,7 +326,8 @@ def _check_index_usage(args: argparse.Namespace) -> str | None:
         given = [name for name, value in (("--timeout", args.timeout), ("-q/--quiet", args.quiet or None))
                  if value is not None]
         if given:
-            return f"{' and '.join(given)} only apply with --partitions (building partitions)"
+            verb = "apply" if len(given) > 1 else "applies"
+            return f"{' and '.join(given)} {verb} only with --partitions (building partitions)"
     return None
 
 

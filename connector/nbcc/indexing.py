@@ -217,7 +217,8 @@ def catch_up(storage: Storage, ti: str, plan: dict[str, Any], timeout_s: float =
         left = deadline - time.monotonic()
         if left <= 0:
             raise IndexingTimeoutError(
-                f"indexing {ti}: writes {', '.join(waiting)} were still in flight after {timeout_s:g} s; "
+                f"indexing {ti}: {'writes' if len(waiting) > 1 else 'write'} {', '.join(waiting)} "
+                f"{'were' if len(waiting) > 1 else 'was'} still in flight after {timeout_s:g} s; "
                 "the indexing stays pending and resumes where it stopped when run again (a write that "
                 "failed is rolled back by `nbcc clean` once its heartbeat expires)")
         time.sleep(min(pause, left))

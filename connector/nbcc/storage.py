@@ -138,18 +138,63 @@ _S3_EXTRA_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "ma
 _S3_REFUSED_OPTIONS = frozenset({"self", "kwargs", "asynchronous", "loop", "session"})
 
 
-def _s3_option_names() -> frozenset[str]:
+def _s3_parameters() -> dict[str, Any]:
     import inspect
 
     import s3fs
 
-    params = inspect.signature(s3fs.S3FileSystem.__init__).parameters
-    return (frozenset(params) - _S3_REFUSED_OPTIONS) | _S3_EXTRA_OPTIONS | {"region_name"}
+    return dict(inspect.signature(s3fs.S3FileSystem.__init__).parameters)
+
+
+def _s3_option_names() -> frozenset[str]:
+    return (frozenset(_s3_parameters()) - _S3_REFUSED_OPTIONS) | _S3_EXTRA_OPTIONS | {"region_name"}
+
+
+# Options s3fs takes as dicts: client_kwargs, config_kwargs, s3_additional_kwargs. Their default
+# is None, so the signature cannot tell; s3fs names every dict it hands on to botocore `*_kwargs`.
+_S3_DICT_SUFFIX = "_kwargs"
+# Boolean options that s3fs takes through **kwargs, so no signature default tells their type.
+_S3_EXTRA_BOOL_OPTIONS = frozenset({"use_listings_cache", "skip_instance_cache"})
+
+
+@functools.lru_cache(maxsize=None)
+def _s3_option_kinds() -> tuple[frozenset[str], frozenset[str]]:
+    """(dict options, boolean options) of s3fs.S3FileSystem. A parameter whose default is a
+    bool is a boolean: s3fs would take any other value (a string "maybe") as true."""
+    params = _s3_parameters()
+    dicts = frozenset(n for n in params if n.endswith(_S3_DICT_SUFFIX)) - _S3_REFUSED_OPTIONS
+    bools = frozenset(n for n, p in params.items() if isinstance(p.default, bool)) - _S3_REFUSED_OPTIONS
+    return dicts, bools | _S3_EXTRA_BOOL_OPTIONS
 
 
 def _coerce(name: str, value: Any) -> Any:
     """Option values arrive as strings from Spark and the CLI; fsspec wants booleans, numbers
-    and, for s3fs's `client_kwargs` and the like, dicts (given as JSON objects)."""
+    and, for s3fs's `client_kwargs` and the like, dicts (given as JSON objects). A dict or
+    boolean option given as anything else is refused here: s3fs would fail later with a raw
+    AttributeError, or take any text as true."""
+    dicts, bools = _s3_option_kinds()
+    if name in dicts:
+        if isinstance(value, str):
+            try:
+                parsed = json.loads(value)
+            except ValueError as exc:
+                raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object ({exc}); "
+                                         f"give one, e.g. {name}={{\"key\": \"value\"}}") from None
+        else:
+            parsed = value
+        if parsed is None and not isinstance(value, str):  # s3fs's default, from Python
+            return None
+        if not isinstance(parsed, dict):
+            raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object; give one, "
+                                     f"e.g. {name}={{\"key\": \"value\"}}")
+        return parsed
+    if name in bools:
+        low = value.strip().lower() if isinstance(value, str) else value
+        if low in ("true", "false"):
+            return low == "true"
+        if isinstance(value, bool):
+            return value
+        raise InvalidOptionError(f"storage option {name}={value!r} is not a boolean; give true or false")
     if not isinstance(value, str) or name in _S3_TEXT_OPTIONS:
         return value
     text = value.strip()
@@ -187,20 +232,19 @@ def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
         raise InvalidOptionError(
             f"unknown S3 storage option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the options "
             f"are those of s3fs.S3FileSystem: {', '.join(sorted(valid))}")
+    # Checked on any table, as the names are: the same settings would fail on an S3 table.
+    opts = {name: _coerce(name, value) for name, value in options.items()}
     if not s3:
         # One job's settings often serve S3 and local tables alike: S3 options mean nothing here.
         log.debug("storage options %s ignored: %s is not on S3", sorted(options), uri)
         return {}
-    opts = {name: _coerce(name, value) for name, value in options.items()}
     endpoint = opts.get("endpoint_url")
     if endpoint is not None and not str(endpoint).lower().startswith(("http://", "https://")):
         raise InvalidOptionError(f"storage option endpoint_url={endpoint!r} needs its scheme: "
                                  f"http://{endpoint} or https://{endpoint}")
     region = opts.pop("region_name", None)
     if region is not None:  # s3fs takes it only inside client_kwargs
-        client = opts.get("client_kwargs") or {}
-        if not isinstance(client, dict):
-            raise InvalidOptionError(f"storage option client_kwargs must be a JSON object, got {client!r}")
+        client = opts.get("client_kwargs") or {}  # a dict: _coerce checked it
         opts["client_kwargs"] = {**client, "region_name": region}
     opts.setdefault("use_listings_cache", False)
     return opts

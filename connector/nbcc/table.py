@@ -261,7 +261,7 @@ class Table:
         """Roll back a write that is not completed (its files are deleted and the instant is
         marked rolled back); False if it completed or does not exist."""
         return rollback_instant(self.storage, self.clock, instant, len(self.config.partition_by),
-                                reason="rolled back on request")
+                                reason="a manual rollback (`nbcc rollback` or Table.rollback)")
 
     def rollback_failed_writes(self, heartbeat_timeout_s: float | None = None) -> list[str]:
         """Roll back every write whose heartbeat expired; the instants rolled back."""

@@ -203,6 +203,16 @@ def create_inflight(storage: Storage, instant: str, action: str, info: dict[str,
         raise CommitError(f"instant {instant} is already inflight")
 
 
+def _rollback_reason(storage: Storage, mark_path: str) -> str | None:
+    """The reason a rollback mark records (a manual rollback, an expired heartbeat, an aborted
+    job), so that the writer it stopped can say why; None if the mark cannot be read."""
+    try:
+        reason = json.loads(storage.read_bytes(mark_path)).get("reason")
+    except Exception:  # noqa: BLE001 - only for the message: the commit is refused either way
+        return None
+    return reason.strip() if isinstance(reason, str) and reason.strip() else None
+
+
 def create_completed(storage: Storage, instant: str, grant: LockGrant, action: str,
                      metadata: dict[str, Any]) -> str:
     """Publish a commit under the table lock `grant`, whose time is its completion time (returned).
@@ -216,10 +226,9 @@ def create_completed(storage: Storage, instant: str, grant: LockGrant, action: s
         if name.startswith(f"{instant}_"):
             raise CommitError(f"instant {instant} is already completed ({name})")
         if name.endswith(f".{ROLLEDBACK}"):
-            raise CommitError(
-                f"instant {instant} was rolled back (its heartbeat expired, or its job aborted); "
-                "its files are gone: write the data again"
-            )
+            why = _rollback_reason(storage, f"{TIMELINE_DIR}/{name}")
+            why = f": {why}" if why else " (its heartbeat expired, or its job aborted)"
+            raise CommitError(f"instant {instant} was rolled back{why}; its files are gone: write the data again")
     # Its requested file must still be there: one rolled back and then archived has lost its
     # mark, and only its requested file is never made again (a writer that stalled through the
     # rollback can still put its inflight file afterwards).

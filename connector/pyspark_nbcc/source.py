@@ -179,11 +179,21 @@ class DefaultSource(DataSource):
             try:
                 return stream_read_schema(self.options)
             except InvalidOptionError as stream_error:
-                # Given an option only a batch read knows (as_of, query_type, ...), the user meant
-                # a batch read: its complaint alone is the one that helps.
-                batch_only = {k.lower() for k in self.options} & (set(READ_OPTIONS) - set(STREAM_READ_OPTIONS))
-                if batch_only or str(stream_error) == str(batch_error):
+                # Spark has not said yet which read this is: guess from the option names, and give
+                # only that read's complaint. Given an option only one of them knows (as_of,
+                # query_type, ... for a batch read; max_commits_per_trigger, ... for a stream),
+                # the user meant that one; `begin` without query_type means a stream too, as a
+                # batch read takes it only with query_type=incremental. Both complaints only when
+                # the names do not tell (a typo, or options of both).
+                names = {k.strip().lower() for k in self.options}
+                batch_only = names & (set(READ_OPTIONS) - set(STREAM_READ_OPTIONS))
+                stream_only = names & (set(STREAM_READ_OPTIONS) - set(READ_OPTIONS))
+                if not batch_only and "begin" in names:
+                    stream_only.add("begin")
+                if str(stream_error) == str(batch_error) or (batch_only and not stream_only):
                     raise batch_error from None
+                if stream_only and not batch_only:
+                    raise stream_error from None
                 raise InvalidOptionError(f"{batch_error}; as spark.readStream: {stream_error}") from None
         return _spark_schema(read_schema(table.storage, table.config, options))
 
