@@ -791,3 +791,19 @@ def test_filters_with_meta_columns(spark, wide):
         assert _read(spark, uri, True, spark_filter, include_meta_columns="true")[0] == expected, spark_filter
     off, _ = _read(spark, uri, False, f"_nbcc_commit_time = '{fourth}'", include_meta_columns="true")
     assert off == _arrow_rows(meta.filter(pc.field("_nbcc_commit_time") == fourth).select(names))
+
+
+def test_the_shipped_spark_properties_read_right_when_a_dataframe_is_queried_again(spark, local_table):
+    # Spark 4.1-4.3 apply the filters pushed by one query on a DataFrame to a later query on it
+    # that pushes none; spark_conf/nbcc-defaults.conf leaves pushdown off for that reason.
+    from pathlib import Path
+    uri, _ = local_table
+    nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id").write(pa.table({"id": list(range(100))}))
+    conf = Path(__file__).resolve().parents[1] / "spark_conf" / "nbcc-defaults.conf"
+    shipped = dict(line.split(None, 1) for line in conf.read_text().splitlines()
+                   if line.strip() and not line.startswith("#"))
+    with pushdown(spark, shipped[PUSHDOWN].strip() == "true"):
+        df = spark.read.format("nbcc").load(uri)
+        assert [df.count(), df.where("id < 10").count(), df.count()] == [100, 10, 100]
+        assert df.where("id < 10 OR id IS NULL").count() == 10 and df.where("id >= 90").count() == 10
+        assert df.where("id >= 95 OR id < 5").count() == 10
