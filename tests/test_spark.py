@@ -74,6 +74,19 @@ def test_schema_seen_by_spark_is_the_tables(spark, local_table):
     assert not read.schema["id"].nullable  # record keys are never null
 
 
+
+def test_a_schema_given_to_a_read_may_leave_columns_out_but_not_misname_them(spark, local_table):
+    uri, _ = local_table
+    nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("amount", pa.int64())]), "id") \
+        .write(pa.table({"id": [1, 2], "ts": [1, 1], "amount": [10, 20]}))
+    some = spark.read.format("nbcc").schema("id long, amount long").load(uri)
+    assert sorted(tuple(r) for r in some.collect()) == [(1, 10), (2, 20)]
+    with pytest.raises(Exception, match=r"names column 'amount_usd', which this read does not have "
+                                        r"\(its columns: id, ts, amount\)"):
+        spark.read.format("nbcc").schema("id long, ts long, amount_usd long").load(uri).collect()
+    with pytest.raises(Exception, match=r"names column 'ID', which the table spells 'id'"):
+        spark.read.format("nbcc").schema("ID long, ts long").load(uri).collect()
+
 def test_overwrite_replaces_earlier_commits_only(spark, local_table):
     uri, _ = local_table
     spark.createDataFrame(_rows(range(10), "a", seq=1), SCHEMA).write.format("nbcc").mode("append") \

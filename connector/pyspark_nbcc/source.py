@@ -156,6 +156,23 @@ def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def _check_given_schema(given: StructType, own: StructType) -> None:
+    """A schema given with `.schema(...)` may leave columns out, but every column it names must be
+    one the read has, spelled as the table spells it: a misspelt column would read as null in
+    every row, silently."""
+    names = set(own.fieldNames())
+    by_case = {n.lower(): n for n in names}
+    for name in given.fieldNames():
+        if name in names:
+            continue
+        if name.lower() in by_case:
+            raise SchemaError(f"the schema given with .schema(...) names column {name!r}, which the table "
+                              f"spells {by_case[name.lower()]!r}; use that spelling")
+        raise SchemaError(f"the schema given with .schema(...) names column {name!r}, which this read does "
+                          f"not have (its columns: {', '.join(own.fieldNames())}); correct it, or leave "
+                          ".schema(...) out to read the table's own schema")
+
+
 class DefaultSource(DataSource):
     """`spark.read.format("nbcc").load(uri)` and `df.write.format("nbcc").save(uri)`."""
 
@@ -195,10 +212,13 @@ class DefaultSource(DataSource):
                 if stream_only and not batch_only:
                     raise stream_error from None
                 raise InvalidOptionError(f"{batch_error}; as spark.readStream: {stream_error}") from None
-        return _spark_schema(read_schema(table.storage, table.config, options))
+        self._own_schema = _spark_schema(read_schema(table.storage, table.config, options))
+        return self._own_schema  # pickled with the source: reader() knows Spark took it from here
 
     def reader(self, schema: StructType) -> "NbccReader":
         table, options, max_bytes = self._read_setup()
+        if schema != getattr(self, "_own_schema", None):  # given with .schema(...)
+            _check_given_schema(schema, _spark_schema(read_schema(table.storage, table.config, options)))
         cls = NbccPushdownReader if _pushdown_enabled() else NbccReader
         return cls(table.uri, table.storage.storage_options, schema, options, max_bytes)
 
