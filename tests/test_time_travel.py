@@ -1184,3 +1184,13 @@ def test_a_cdc_read_takes_nan_for_unchanged_inside_nested_values_too(memory_uri)
     table.write(rows(1.0))  # key 1 written again unchanged; key 2's s.f from NaN to 1.0
     cdc = table.read(query_type="incremental", begin=first, incremental_format="cdc").to_pylist()
     assert [(r["id"], r["_change_type"], r["after"]["s"]["f"]) for r in cdc] == [(2, "update", 1.0)]
+
+
+def test_a_time_past_year_9999_in_utc_is_an_option_error(memory_uri):
+    table = nbcc.Table.create(memory_uri, pa.schema([("id", pa.int64())]), "id")
+    table.write(pa.table({"id": [1]}))
+    for kw in ({"as_of": "9999-12-31T23:00:00-05:00"},
+               {"query_type": "incremental", "begin": "earliest", "end": "9999-12-31T20:00:00-04:00"}):
+        with pytest.raises(nbcc.InvalidOptionError, match="after 9999-12-31T23:59:59.999Z"):
+            table.read(**kw)
+    assert table.read(as_of="9999-12-31T23:59:59.999Z").num_rows == 1  # the last time there is

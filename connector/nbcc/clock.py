@@ -83,7 +83,11 @@ def parse_time_option(value: object, name: str) -> str:
             if moment.tzinfo is None:
                 moment = moment.replace(tzinfo=timezone.utc)
             micros = (moment - datetime(1970, 1, 1, tzinfo=timezone.utc)) // timedelta(microseconds=1)
-            return format_time(micros // 1000)
+            try:
+                return format_time(micros // 1000)
+            except (ValueError, OverflowError):  # past 9999-12-31 in UTC: no 17-digit time
+                raise InvalidOptionError(f"{name}={value!r} is after 9999-12-31T23:59:59.999Z, the last "
+                                         "time the timeline can hold") from None
     raise InvalidOptionError(f"{name}={value!r} is not a time; use {TIME_FORMS}")
 
 
