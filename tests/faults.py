@@ -157,8 +157,8 @@ class FaultyStorage(Storage):
         return self.faults.run("replace", path,
                                lambda: Storage._replace_once(self, path, data, durable, give_up_at))
 
-    def _read_once(self, path: str, give_up_at: float | None = None) -> bytes:
-        return self.faults.run("read", path, lambda: Storage._read_once(self, path, give_up_at))
+    def _read_once(self, path: str) -> bytes:
+        return self.faults.run("read", path, lambda: Storage._read_once(self, path))
 
     def _list_once(self, path: str, prefix: str) -> list[str]:
         return self.faults.run("list", path, lambda: Storage._list_once(self, path, prefix))

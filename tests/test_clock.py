@@ -159,8 +159,8 @@ class _SlowFirstPut(Storage):
 
     delay_s = 0.0
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
-        created = super().put_if_absent(rel, data, durable, deadline)
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, **kw) -> bool:
+        created = super().put_if_absent(rel, data, durable, **kw)
         if self.delay_s:
             time.sleep(self.delay_s)
             self.delay_s = 0.0
@@ -174,9 +174,9 @@ class _RecordingPuts(Storage):
         super().__init__(uri)
         self.durability: list[tuple[bool, bool]] = []
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None) -> bool:
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, **kw) -> bool:
         self.durability.append((json.loads(data).get("holder") is not None, durable))
-        return super().put_if_absent(rel, data, durable, deadline)
+        return super().put_if_absent(rel, data, durable, **kw)
 
 
 def test_every_lock_state_that_issues_a_time_is_durable_and_releases_need_not_be(memory_uri):
@@ -247,11 +247,10 @@ class _SlowListing(Storage):
             time.sleep(self.delay_s)
         return super().list_names(rel_dir, prefix)
 
-    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None,
-                      give_up_at: float | None = None) -> bool:
+    def put_if_absent(self, rel: str, data: bytes, durable: bool = True, **kw) -> bool:
         if "/timeline/" in rel:
             time.sleep(self.put_delay_s)
-        return super().put_if_absent(rel, data, durable, deadline, give_up_at)
+        return super().put_if_absent(rel, data, durable, **kw)
 
 
 def _pending(st: Storage, instant: str) -> None:

@@ -711,8 +711,9 @@ def test_wrong_s3_credentials_and_an_endpoint_without_scheme_say_what_to_fix(s3_
 
 
 def test_an_s3_endpoint_that_never_answered_fails_at_once_and_one_that_did_is_retried(monkeypatch):
-    # A wrong endpoint_url is a mistake no retry fixes: it must say what to check without six
-    # rounds of retries (45 s). An endpoint that answered before is having an outage: retried.
+    # A wrong endpoint_url is a mistake no retry fixes: opening a table must say what to check
+    # without six rounds of retries (45 s). An endpoint that answered before is having an
+    # outage, and so is one that any later call (a Spark task's, in a fresh process) meets.
     import socket
 
     from moto_s3 import start_server
@@ -733,7 +734,12 @@ def test_an_s3_endpoint_that_never_answered_fails_at_once_and_one_that_did_is_re
         table = nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options={**opts, **no_retries})
     finally:
         server.stop()
-    calls.clear()
-    with pytest.raises(StorageError, match=f"failed {Storage.RETRY_ATTEMPTS} times in a row .*unreachable"):
-        table.storage.read_bytes(".nbcc/table.json")
-    assert len(calls) == Storage.RETRY_ATTEMPTS
+    import nbcc.storage as storage_module
+    answered = storage_module._ANSWERED_ENDPOINTS
+    for forget in (False, True):  # opening, after it answered; a call that is not opening, before
+        calls.clear()
+        monkeypatch.setattr(storage_module, "_ANSWERED_ENDPOINTS", set() if forget else answered)
+        call = table.storage.read_bytes if forget else lambda _: nbcc.Table.open(uri, {**opts, **no_retries})
+        with pytest.raises(StorageError, match=f"failed {Storage.RETRY_ATTEMPTS} times in a row .*unreachable"):
+            call(".nbcc/table.json")
+        assert len(calls) == Storage.RETRY_ATTEMPTS

@@ -629,6 +629,23 @@ def test_claims_a_claim_whose_reply_was_lost_past_the_lease_is_withdrawn_and_cla
     commit_batch(template, "s1", 0, claim.instant, _write_into(table, template, claim.instant, _rows(range(2), "b")))
     assert sorted(table.read().column("v").to_pylist()) == ["b0", "b1"]
 
+
+def test_claims_a_claim_whose_put_never_landed_fails_the_task_with_the_storage_error(s3_table, monkeypatch):
+    # The claim's put is given up at the lease's end and never landed: its instant is rolled
+    # back and the task fails with the storage's error (not 50 more claims, then another error).
+    from test_faults import S3_LEASE_MS, StalledS3Put
+    uri, opts = s3_table
+    table = nbcc.Table.create(uri, ARROW_SCHEMA, "id", ordering_field="ts", storage_options=opts,
+                              lock_lease_ms=S3_LEASE_MS)
+    stall = StalledS3Put(table.storage.fs, r"/streams/s1/0{20}\.0\.json$", monkeypatch)
+    with pytest.raises(nbcc.StorageError, match="lease ran out"):
+        claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    stall.finish()
+    monkeypatch.undo()
+    assert [i.state for i in table.timeline()] == ["rolledback"]
+    claim = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")  # the task's retry
+    assert claim.attempt == 0 and claim.state == "inflight"
+
 def test_claims_a_stream_template_is_checked_like_a_write_and_begins_no_instant(tmp_path):
     table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts")
     with pytest.raises(nbcc.SchemaError, match="lacks the ordering_field column 'ts'"):
@@ -716,6 +733,10 @@ def test_claims_stream_ids_and_owners_are_checked_and_old_claims_pruned(tmp_path
         check_owner(table.storage, "named-5", "query-5")
     check_owner(table.storage, "query-5", "query-5")
     assert not (Path(table.uri) / ".nbcc/streams/named-5").exists()
+    # A query refused another query's stream_id has written nothing: it may take its own.
+    with pytest.raises(InvalidOptionError, match="belongs to another streaming query"):
+        check_owner(table.storage, "named", "query-6")
+    check_owner(table.storage, "named-6", "query-6")
 
     for b in range(KEEP_CLAIMS + 5):
         table.storage.put_if_absent(f".nbcc/streams/s1/{b:020d}.0.json", b"{}")

@@ -163,13 +163,16 @@ class LockGrant:
                 "lease; stopped before committing. Retry the commit, or raise lock_lease_ms."
             )
 
-    def put_if_absent(self, storage: Storage, rel: str, data: bytes) -> bool:
+    def put_if_absent(self, storage: Storage, rel: str, data: bytes, give_up: bool = True) -> bool:
         """`storage.put_if_absent` of a write that must land while this grant holds the lock: it
         starts, and may be retried, only inside half the lease (`check`, `deadline`), and is
-        given up at the lease's end (`lease_end`)."""
+        given up at the lease's end (`lease_end`) unless `give_up` is False: a request given up
+        in flight may still land, which a data commit's completed file must not do after the
+        failed write was rolled back (at once, by the writer or Spark's abort)."""
         self.check()
         try:
-            return storage.put_if_absent(rel, data, deadline=self.deadline, give_up_at=self.lease_end)
+            return storage.put_if_absent(rel, data, deadline=self.deadline,
+                                         give_up_at=self.lease_end if give_up else None)
         finally:
             self._returned()
 

@@ -281,7 +281,7 @@ class Storage:
             )
         client = opts.get("client_kwargs")
         self._endpoint = str(opts.get("endpoint_url") or (client.get("endpoint_url") if isinstance(client, dict)
-                                                           else None) or "AWS S3")
+                                                           else None) or "AWS S3").rstrip("/")
 
     # Pickled into Spark tasks: rebuild the filesystem on the other side.
     def __reduce__(self):
@@ -316,11 +316,13 @@ class Storage:
 
     def _retry(self, what: str, path: str, call: Callable[[], _T],
                retry_on: Callable[[BaseException], bool] = is_transient,
-               outcome: Callable[[], str] = lambda: "", deadline: float | None = None) -> _T:
+               outcome: Callable[[], str] = lambda: "", deadline: float | None = None,
+               opening: bool = False) -> _T:
         """`call()`, again after each transient error; StorageError once the attempts run out
         (`outcome()` then says what may have happened), or when a retry would start at or after
         `deadline` (a `time.monotonic()` value: a write under the table lock must not start once
-        the lock may have been taken over)."""
+        the lock may have been taken over). `opening`: the call that opens or creates a table,
+        where a wrong endpoint shows first (`_raise_if_unreachable`)."""
         attempts = 0
         last: list[Exception] = []  # the latest attempt's failure
 
@@ -344,7 +346,8 @@ class Storage:
             if not retry_on(exc):
                 self._raise_if_misconfigured(exc, what, path)
                 raise  # not transient: the caller decides (e.g. on FileNotFoundError)
-            self._raise_if_unreachable(exc, what, path)
+            if opening:
+                self._raise_if_unreachable(exc, what, path)
             error = exc
         if self.RETRY_ATTEMPTS > 1:
             log.debug("%s %s: attempt 1 failed (%s), retrying", what, path, error)
@@ -378,11 +381,12 @@ class Storage:
         ) from error
 
     def _raise_if_unreachable(self, exc: BaseException, what: str, path: str) -> None:
-        """A StorageError at once when the S3 endpoint cannot be connected to and has not
-        answered this process yet: most likely a wrong endpoint_url, region or network, which
-        retrying cannot fix. botocore has already retried the connection (about 7 s); retrying
-        that six times more kept a typo waiting 45 s for its error. An endpoint that answered
-        before is having an outage, and is retried as usual."""
+        """A StorageError at once when a table is being opened or created and its S3 endpoint
+        cannot be connected to and has not answered this process yet: most likely a wrong
+        endpoint_url, region or network, which retrying cannot fix. botocore has already retried
+        the connection (about 7 s); retrying that six times more kept a typo waiting 45 s for its
+        error. Any later call (a Spark task's, a commit's) and an endpoint that answered before
+        ride out an outage with the usual retries."""
         if not self.is_s3 or self._endpoint in _ANSWERED_ENDPOINTS:
             return
         botocore = sys.modules.get("botocore.exceptions")
@@ -416,15 +420,15 @@ class Storage:
     # -- metadata primitives ---------------------------------------------------------------
 
     def put_if_absent(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None,
-                      give_up_at: float | None = None) -> bool:
+                      give_up_at: float | None = None, opening: bool = False) -> bool:
         """Create `rel` holding `data` if no object has that name. True if this call created it.
 
         `data` must be content that no other caller would put under this name (nbcc's files
         carry their writer's times, holder id or a nonce): that is how a retry recognises its
         own earlier attempt, below. On local disk the file survives a power failure once this
         returns; with `durable=False` its name may not (it is never torn), which suits state
-        whose loss only costs a wait, such as a lock release. `deadline` and `give_up_at`: see
-        `_retry` and `_bounded`."""
+        whose loss only costs a wait, such as a lock release. `deadline`, `opening` and
+        `give_up_at`: see `_retry` and `_bounded`."""
         if not data:
             # s3fs turns an empty conditional write into an unconditional touch.
             raise StorageError("put_if_absent needs non-empty content")
@@ -451,7 +455,7 @@ class Storage:
             # writer's file would let two writers each think they won. The content decides: it
             # is unique to its writer.
             try:
-                own = self._read_once(path, give_up_at) == data
+                own = self._read_once(path) == data  # a read lands nothing: not given up
             except FileNotFoundError:
                 raise _TakenThenFreed(path) from None  # deleted since: the name is free again
             if own and durable and self.is_local:
@@ -460,7 +464,7 @@ class Storage:
 
         return self._retry("put-if-absent", path, attempt, retry_on=_retryable,
                            outcome=lambda: "; an attempt may have created the file" if uncertain else "",
-                           deadline=deadline)
+                           deadline=deadline, opening=opening)
 
     def _bounded(self, give_up_at: float | None) -> dict[str, float]:
         """The keyword that makes one S3 call give up (cancelled, `FSTimeoutError`) at the
@@ -544,22 +548,18 @@ class Storage:
         finally:
             self.fs.invalidate_cache(path.rsplit("/", 1)[0])
 
-    def read_bytes(self, rel: str) -> bytes:
-        """The content of `rel`; FileNotFoundError if there is none."""
+    def read_bytes(self, rel: str, opening: bool = False) -> bytes:
+        """The content of `rel`; FileNotFoundError if there is none. `opening`: see `_retry`."""
         path = self.full_path(rel)
-        return self._retry("read", path, lambda: self._read_once(path))
+        return self._retry("read", path, lambda: self._read_once(path), opening=opening)
 
-    def _read_once(self, path: str, give_up_at: float | None = None) -> bytes:
-        bound = self._bounded(give_up_at)
-        try:
-            if self.is_s3 and _cat_takes_concurrency(type(self.fs)):
-                # One GET. s3fs (2026.3 on) first asks for the size (a HEAD) to read big files in
-                # parallel ranges; with its listing cache off that doubled the requests of every
-                # plan that reads commit files (nbcc's files read whole are small).
-                return self.fs.cat_file(path, max_concurrency=1, **bound)
-            return self.fs.cat_file(path, **bound)
-        except FSTimeoutError as exc:
-            _raise_gave_up(bound, exc)
+    def _read_once(self, path: str) -> bytes:
+        if self.is_s3 and _cat_takes_concurrency(type(self.fs)):
+            # One GET. s3fs (2026.3 on) first asks for the size (a HEAD) to read big files in
+            # parallel ranges; with its listing cache off that doubled the requests of every plan
+            # that reads commit files (nbcc's files read whole are small).
+            return self.fs.cat_file(path, max_concurrency=1)
+        return self.fs.cat_file(path)
 
     def list_names(self, rel_dir: str, prefix: str = "") -> list[str]:
         """Names (not paths) of the entries directly under `rel_dir` that start with `prefix`;

@@ -37,7 +37,7 @@ import os
 import re
 import socket
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .clock import parse_time_option
 from .commit import WriteTransaction
@@ -162,18 +162,32 @@ def _new_claim(storage: Storage, clock: Any, stream_id: str, batch_id: int, atte
             body = {"stream_id": stream_id, "batch_id": batch_id, "attempt": attempt, "instant": instant,
                     "action": action, "query_id": query_id}
             won = False
+            claim_failure: StorageError | None = None
+            data = json.dumps(body).encode()
             if not grant.overran:
                 try:
-                    won = grant.put_if_absent(storage, path, json.dumps(body).encode())
-                except (LockLostError, StorageError):
-                    # Too late in the lease to claim, or the put failed (it may have landed: a
-                    # lost reply, a request given up at the lease's end): withdrawn below.
-                    pass
+                    won = grant.put_if_absent(storage, path, data)
+                except LockLostError:
+                    pass  # too late in the lease to claim: the instant is withdrawn below
+                except StorageError as failure:
+                    claim_failure = failure
     except StorageError as failure:
         # The requested file may have landed all the same: undo it now, not at the cleaner's.
         if instant:
             rollback_or_log(storage, clock, instant, 0, failure)
         raise
+    if claim_failure is not None:
+        # The claim may have landed (a lost reply, a request given up at the lease's end), and
+        # another task of the batch may be writing into its instant already: look before undoing.
+        try:
+            won = storage.read_bytes(path) == data
+        except FileNotFoundError:
+            won = False
+        except StorageError:
+            raise claim_failure from None  # unknown: leave the instant to the cleaner
+        if not won:
+            rollback_or_log(storage, clock, instant, 0, claim_failure)
+            raise claim_failure
     # As WriteTransaction.begin: an instant published past the lease may have been missed by a
     # compaction scheduled meanwhile. A claim that landed then names a rolled-back instant, and
     # the next attempt claims anew.
@@ -196,7 +210,7 @@ def check_owner(storage: Storage, stream_id: str, query_id: str | None) -> None:
     but not yet checkpointed (`_check_query_stream`)."""
     if not query_id or (storage.uri, stream_id, query_id) in _OWNERS_SEEN:
         return
-    _check_query_stream(storage, stream_id, query_id)
+    record = _check_query_stream(storage, stream_id, query_id)
     path = f"{_claim_dir(stream_id)}/{OWNER_FILE}"
     if not storage.put_if_absent(path, json.dumps({"query_id": query_id}).encode()):
         owner = json.loads(storage.read_bytes(path)).get("query_id")
@@ -207,34 +221,51 @@ def check_owner(storage: Storage, stream_id: str, query_id: str | None) -> None:
                 "query's committed batches and skipped. Give each checkpoint its own stream_id (or "
                 "leave stream_id out: it defaults to the query id, kept in the checkpoint)."
             )
+    if record is not None:  # only once the stream is this query's: a refused one records nothing
+        record()
     _OWNERS_SEEN.add((storage.uri, stream_id, query_id))
 
 
-def _check_query_stream(storage: Storage, stream_id: str, query_id: str) -> None:
+def _check_query_stream(storage: Storage, stream_id: str, query_id: str) -> Callable[[], None] | None:
     """Refuse a query that wrote under another stream id: `.nbcc/streams/_queries/<query_id>.json`
     records the one it first wrote under (a stream id never starts with '_'). A query that wrote
-    before these records existed is known by its default stream's owner file."""
+    before these records existed is known by its default stream's owner file. Returns what
+    records `stream_id` for the query, if nothing has yet, for once the stream is known to be its."""
     if not _STREAM_ID.fullmatch(query_id):
-        return  # not a name a file can have (Spark's query ids are UUIDs)
+        return None  # not a name a file can have (Spark's query ids are UUIDs)
     path = f"{QUERIES_DIR}/{query_id}.json"
     try:
         recorded = json.loads(storage.read_bytes(path)).get("stream_id")
     except FileNotFoundError:
         recorded = None
-        if stream_id != query_id and storage.exists(f"{_claim_dir(query_id)}/{OWNER_FILE}"):
+        if stream_id != query_id and _owner_of(storage, query_id) == query_id:
             recorded = query_id  # it wrote under its default stream id
-        elif storage.put_if_absent(path, json.dumps({"stream_id": stream_id}).encode()):
-            return
-        else:  # another task of the query recorded it first
-            recorded = json.loads(storage.read_bytes(path)).get("stream_id")
-    if recorded != stream_id:
-        raise InvalidOptionError(
-            f"this streaming query (query id {query_id}, kept in its checkpoint) wrote to this table as "
-            f"stream_id={recorded!r}; restarted as stream_id={stream_id!r} it would commit again the batches "
-            f"it committed as {recorded!r} but had not checkpointed yet. Restart it with stream_id={recorded!r}"
-            f"{' (or without stream_id: that is its default)' if recorded == query_id else ''}, or give "
-            f"stream {stream_id!r} a new checkpoint location."
-        )
+    if recorded is None:
+        def record() -> None:
+            if not storage.put_if_absent(path, json.dumps({"stream_id": stream_id}).encode()):
+                _refuse_other_stream(query_id, json.loads(storage.read_bytes(path)).get("stream_id"), stream_id)
+        return record
+    _refuse_other_stream(query_id, recorded, stream_id)
+    return None
+
+
+def _owner_of(storage: Storage, stream_id: str) -> str | None:
+    try:
+        return json.loads(storage.read_bytes(f"{_claim_dir(stream_id)}/{OWNER_FILE}")).get("query_id")
+    except FileNotFoundError:
+        return None
+
+
+def _refuse_other_stream(query_id: str, recorded: str | None, stream_id: str) -> None:
+    if recorded == stream_id:
+        return
+    raise InvalidOptionError(
+        f"this streaming query (query id {query_id}, kept in its checkpoint) wrote to this table as "
+        f"stream_id={recorded!r}; restarted as stream_id={stream_id!r} it would commit again the batches "
+        f"it committed as {recorded!r} but had not checkpointed yet. Restart it with stream_id={recorded!r}"
+        f"{' (or without stream_id: that is its default)' if recorded == query_id else ''}, or give "
+        f"stream {stream_id!r} a new checkpoint location."
+    )
 
 
 def claim_batch(storage: Storage, clock: Any, stream_id: str, batch_id: int, action: str,

@@ -103,7 +103,7 @@ class Table:
     def create_at(cls, storage: Storage, config: TableConfig) -> "Table":
         """`create` with a storage and a config already made (the metadata table's)."""
         try:
-            created = storage.put_if_absent(TABLE_CONFIG_PATH, config.to_json())
+            created = storage.put_if_absent(TABLE_CONFIG_PATH, config.to_json(), opening=True)
         except NotADirectoryError:
             raise InvalidOptionError(f"{_file_in_the_way(storage)}; give a folder path for the table") from None
         if not created:
@@ -119,7 +119,7 @@ class Table:
         """`open` with a storage already made (the metadata table's)."""
         uri = storage.uri
         try:
-            raw = storage.read_bytes(TABLE_CONFIG_PATH)
+            raw = storage.read_bytes(TABLE_CONFIG_PATH, opening=True)
         except NotADirectoryError:
             raise TableNotFoundError(f"{uri} is not an nbcc table: {_file_in_the_way(storage)}; "
                                      "give the table's folder path") from None

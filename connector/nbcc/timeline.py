@@ -239,7 +239,9 @@ def create_completed(storage: Storage, instant: str, grant: LockGrant, action: s
                           f"it was rolled back, and its mark archived){again}")
     name = f"{instant}_{completion}.{action}"
     # Checked after the listing: the put has the rest of half a lease to land.
-    if not grant.put_if_absent(storage, f"{TIMELINE_DIR}/{name}", _json(metadata)):
+    # A data write that fails is rolled back at once: its completed file must not land later.
+    if not grant.put_if_absent(storage, f"{TIMELINE_DIR}/{name}", _json(metadata),
+                               give_up=action not in DATA_ACTIONS):
         raise CommitError(f"instant {instant} is already completed")
     grant.published(f"{action} {instant} (completed at {completion})")
     return completion
