@@ -86,6 +86,11 @@ def test_a_schema_given_to_a_read_may_leave_columns_out_but_not_misname_them(spa
         spark.read.format("nbcc").schema("id long, ts long, amount_usd long").load(uri).collect()
     with pytest.raises(Exception, match=r"names column 'ID', which the table spells 'id'"):
         spark.read.format("nbcc").schema("ID long, ts long").load(uri).collect()
+    # A column the table has now reads as null as of a time before it was added.
+    first = nbcc.Table.open(uri).timeline()[0].completion
+    nbcc.Table.open(uri).write(pa.table({"id": [3], "ts": [2], "amount": [30], "note": ["new"]}))
+    then = spark.read.format("nbcc").schema("id long, note string").option("as_of", first).load(uri)
+    assert sorted(tuple(r) for r in then.collect()) == [(1, None), (2, None)]
 
 def test_overwrite_replaces_earlier_commits_only(spark, local_table):
     uri, _ = local_table

@@ -998,6 +998,32 @@ def test_inline_compaction_finishes_a_compaction_that_nothing_executes(tmp_path,
     assert all(s.log_files == [] for s in table.file_slices())  # c2 is compacted too
 
 
+
+def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeout(tmp_path, monkeypatch):
+    # Its failed execution leaves its heartbeat: inline writers do not run it again after every
+    # commit, only once nothing has beaten for heartbeat_timeout_s.
+    import nbcc.compaction
+    table = new_table(str(tmp_path / "t"))
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    tc = table.schedule_compaction()
+    runs = []
+
+    def failing(*args, **kwargs):
+        runs.append(1)
+        raise OSError("a damaged input file")
+    monkeypatch.setattr(nbcc.compaction, "compact_file_group", failing)
+    inline = {"compaction_delta_commits": 1, "compaction_inline": True}
+    time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)  # abandoned: nothing ever executed it
+    _write_with(table, ref, KEYS[:5], "c1", **inline)
+    assert len(runs) == 1
+    _write_with(table, ref, KEYS[5:10], "c2", **inline)  # it failed just now: not again yet
+    assert len(runs) == 1
+    time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)
+    _write_with(table, ref, KEYS[10:15], "c3", **inline)
+    assert len(runs) == 2 and table.pending_compactions() == [tc]
+    assert snapshot(table) == ref.expected()
+
 def test_a_scheduling_only_writer_says_when_a_compaction_stays_pending(tmp_path, caplog):
     table = new_table(str(tmp_path / "t"))
     ref = Ref()

@@ -13,12 +13,13 @@ the same file; only the files of the execution that completed the instant are ev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import random
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow.compute as pc
 
@@ -26,7 +27,7 @@ from .clock import TimeGenerator, parse_time, parse_time_option
 from .config import TableConfig
 from .errors import CommitError, DataFileError, InvalidOptionError
 from .filenames import base_file_name, data_file_path, make_token
-from .heartbeat import Heartbeat, interval_s, last_beat_ms
+from .heartbeat import Heartbeat, interval_s, last_beat_ms, remove as remove_heartbeat
 from .merge import one_row_per_key
 from .metadata_table import index_commit
 from .reader import iter_files
@@ -187,8 +188,7 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
     token = execution_token()
     operations = read_compaction_plan(storage, tc)["operations"]
     files = []
-    # The heartbeat tells an execution in progress from one that died (see abandoned_compactions).
-    with Heartbeat(storage, tc, interval_s(config.heartbeat_timeout_s)):
+    with compaction_heartbeat(storage, config, tc):
         try:
             for n, op in enumerate(operations, 1):
                 files.append(compact_file_group(storage, config, tc, op, token))
@@ -199,6 +199,20 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
                 return None  # and a clean deleted the inputs it no longer needed: nothing was lost
             raise
         return complete_compaction(storage, clock, tc, files)
+
+
+@contextlib.contextmanager
+def compaction_heartbeat(storage: Storage, config: TableConfig, tc: str) -> Iterator[None]:
+    """The heartbeat of an execution of compaction `tc`: it tells one in progress from one that
+    died (`abandoned_compactions`). Kept when the execution fails, so that an inline writer
+    tries a failing compaction again once per heartbeat_timeout_s, not after every commit;
+    the cleaner deletes it once the compaction completed."""
+    with Heartbeat(storage, tc, interval_s(config.heartbeat_timeout_s), keep=True):
+        yield
+    try:
+        remove_heartbeat(storage, tc)
+    except Exception as exc:  # noqa: BLE001 - the compaction completed; a stale beat is harmless
+        log.debug("compaction %s: removing its heartbeat failed: %s", tc, exc)
 
 
 def abandoned_compactions(storage: Storage, timeline: Timeline, timeout_s: float) -> list[str]:

@@ -11,8 +11,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
-from nbcc.compaction import compact_file_group, compaction_to_run, complete_compaction
-from nbcc.heartbeat import Heartbeat, interval_s
+from nbcc.compaction import compact_file_group, compaction_heartbeat, compaction_to_run, complete_compaction
 from nbcc.config import parse_options
 from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
@@ -112,8 +111,7 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
         return compact_file_group(storage, config, tc, op, token)
 
     rdd = spark.sparkContext.parallelize(list(enumerate(operations)), max(1, len(operations)))
-    # The driver's heartbeat says the compaction is being executed (nbcc.compaction.abandoned_compactions).
-    with Heartbeat(table.storage, tc, interval_s(config.heartbeat_timeout_s)):
+    with compaction_heartbeat(table.storage, config, tc):  # the driver's, for the whole job
         try:
             files = rdd.map(merge_group).collect()
         except Exception:

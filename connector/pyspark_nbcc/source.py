@@ -156,11 +156,11 @@ def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _check_given_schema(given: StructType, own: StructType) -> None:
+def _check_given_schema(given: StructType, own: StructType, current: list[str]) -> None:
     """A schema given with `.schema(...)` may leave columns out, but every column it names must be
-    one the read has, spelled as the table spells it: a misspelt column would read as null in
-    every row, silently."""
-    names = set(own.fieldNames())
+    one the read has (or the table has now: as of an older time, a later column reads as null),
+    spelled as the table spells it: a misspelt column would read as null in every row, silently."""
+    names = set(own.fieldNames()) | set(current)
     by_case = {n.lower(): n for n in names}
     for name in given.fieldNames():
         if name in names:
@@ -218,7 +218,8 @@ class DefaultSource(DataSource):
     def reader(self, schema: StructType) -> "NbccReader":
         table, options, max_bytes = self._read_setup()
         if schema != getattr(self, "_own_schema", None):  # given with .schema(...)
-            _check_given_schema(schema, _spark_schema(read_schema(table.storage, table.config, options)))
+            _check_given_schema(schema, _spark_schema(read_schema(table.storage, table.config, options)),
+                                table.schema().names)
         cls = NbccPushdownReader if _pushdown_enabled() else NbccReader
         return cls(table.uri, table.storage.storage_options, schema, options, max_bytes)
 
