@@ -1010,10 +1010,10 @@ def test_a_fresh_process_takes_the_schema_of_a_long_timeline_from_the_metadata_t
             "table = nbcc.Table.open(sys.argv[1])\n"
             "reads = []\n"
             "plain = nbcc.storage.Storage.read_bytes\n"
-            "def counted(self, rel):\n"
+            "def counted(self, rel, **kw):\n"
             "    if self.uri == table.storage.uri and re.search(r'timeline/\\d{17}_\\d{17}\\.', rel):\n"
             "        reads.append(rel)\n"
-            "    return plain(self, rel)\n"
+            "    return plain(self, rel, **kw)\n"
             "nbcc.storage.Storage.read_bytes = counted\n"
             "print(','.join(table.schema().names)); print(len(reads))\n")
     out = subprocess.run([sys.executable, "-c", code, uri], check=True, capture_output=True, text=True, timeout=120)
