@@ -13,21 +13,19 @@ the same file; only the files of the execution that completed the instant are ev
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import random
-import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pyarrow.compute as pc
 
-from .clock import TimeGenerator, parse_time, parse_time_option
+from .clock import TimeGenerator, parse_time_option
 from .config import TableConfig
 from .errors import CommitError, DataFileError, InvalidOptionError
 from .filenames import base_file_name, data_file_path, make_token
-from .heartbeat import Heartbeat, interval_s, last_beat_ms, remove as remove_heartbeat
+from .heartbeat import Heartbeat, idle_ms, interval_s
 from .merge import one_row_per_key
 from .metadata_table import index_commit
 from .reader import iter_files
@@ -201,26 +199,18 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
         return complete_compaction(storage, clock, tc, files)
 
 
-@contextlib.contextmanager
-def compaction_heartbeat(storage: Storage, config: TableConfig, tc: str) -> Iterator[None]:
+def compaction_heartbeat(storage: Storage, config: TableConfig, tc: str) -> Heartbeat:
     """The heartbeat of an execution of compaction `tc`: it tells one in progress from one that
     died (`abandoned_compactions`). Kept when the execution fails, so that an inline writer
     tries a failing compaction again once per heartbeat_timeout_s, not after every commit;
     the cleaner deletes it once the compaction completed."""
-    with Heartbeat(storage, tc, interval_s(config.heartbeat_timeout_s), keep=True):
-        yield
-    try:
-        remove_heartbeat(storage, tc)
-    except Exception as exc:  # noqa: BLE001 - the compaction completed; a stale beat is harmless
-        log.debug("compaction %s: removing its heartbeat failed: %s", tc, exc)
+    return Heartbeat(storage, tc, interval_s(config.heartbeat_timeout_s), keep_if_failed=True)
 
 
-def abandoned_compactions(storage: Storage, timeline: Timeline, timeout_s: float) -> list[str]:
-    """Pending compactions that nothing executes: no heartbeat (nor, without one, its scheduling)
-    within `timeout_s`. Their execution died, or none was started."""
-    now = time.time_ns() // 1_000_000
-    return [i.instant for i in timeline.instants if i.action == COMPACTION and not i.is_completed
-            and now - max(last_beat_ms(storage, i.instant) or 0, parse_time(i.instant)) > timeout_s * 1000]
+def abandoned_compactions(storage: Storage, pending: list[str], timeout_s: float) -> list[str]:
+    """The compactions among `pending` that nothing executes: no heartbeat (nor, without one,
+    their scheduling) within `timeout_s`. Their execution died, or none was started."""
+    return [tc for tc in pending if idle_ms(storage, tc) > timeout_s * 1000]
 
 
 
@@ -259,7 +249,7 @@ def _compact_inline(storage: Storage, config: TableConfig, clock: TimeGenerator,
         # executes (a killed process) an inline writer finishes, as `nbcc compact` would: a plan
         # may be executed again (format.md §15.3). A scheduling-only writer says so, once per
         # `every` commits.
-        abandoned = abandoned_compactions(storage, timeline, config.heartbeat_timeout_s)
+        abandoned = abandoned_compactions(storage, pending, config.heartbeat_timeout_s)
         if abandoned and not inline and since % every == 0:
             logger.warning("compaction %s is pending and nothing has executed it for %d delta commits; "
                            "`nbcc compact %s` finishes it", abandoned[0], since, storage.uri)

@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 
+from .clock import parse_time
 from .storage import Storage
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,14 @@ def last_beat_ms(storage: Storage, instant: str) -> int | None:
         return None
 
 
+def idle_ms(storage: Storage, instant: str, now_ms: int | None = None) -> int:
+    """Milliseconds since `instant` last showed a sign of life: its heartbeat, or with none its
+    instant time (a writer that died before its first beat). What "failed" (format.md §14.1) and
+    "abandoned" are measured by."""
+    last = max(last_beat_ms(storage, instant) or 0, parse_time(instant))
+    return (_now_ms() if now_ms is None else now_ms) - last
+
+
 def remove(storage: Storage, instant: str) -> None:
     storage.delete(f"{HEARTBEAT_DIR}/{instant}.json")
 
@@ -50,10 +59,14 @@ def remove(storage: Storage, instant: str) -> None:
 class Heartbeat:
     """A background thread that refreshes an instant's heartbeat until stopped. One of several
     writers of an instant (a Spark task) keeps the heartbeat when it stops (`keep=True`): the
-    others may still be writing, and the commit deletes it."""
+    others may still be writing, and the commit deletes it. A compaction's execution keeps it
+    only when it fails (`keep_if_failed=True`), so that a failing compaction is not taken for
+    abandoned at once (compaction.abandoned_compactions)."""
 
-    def __init__(self, storage: Storage, instant: str, interval_s: float, keep: bool = False):
+    def __init__(self, storage: Storage, instant: str, interval_s: float, keep: bool = False,
+                 keep_if_failed: bool = False):
         self.storage, self.instant, self.interval_s, self.keep = storage, instant, interval_s, keep
+        self.keep_if_failed = keep_if_failed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"nbcc-heartbeat-{instant}", daemon=True)
 
@@ -69,10 +82,10 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - a missed beat is retried; expiry is generous
                 pass
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        if self.keep:
+        if self.keep or (self.keep_if_failed and exc_type is not None):
             return
         # Completed or failed, the beat is over either way. Best effort: a storage error here
         # must neither fail a write that completed nor hide the error of one that failed; a

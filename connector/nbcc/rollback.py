@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from .clock import TimeGenerator, parse_time
+from .clock import TimeGenerator
 from .errors import InvalidOptionError
 from .filenames import data_file_path, parse_data_file
-from .heartbeat import last_beat_ms, remove
+from .heartbeat import idle_ms, remove
 from .storage import Storage
 from .timeline import DATA_ACTIONS, ROLLEDBACK, TIMELINE_DIR, Timeline, is_completed, remove_pending_files
 
@@ -44,10 +44,8 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
     """Roll back write `instant` unless it completed (or, with `idle_for_s`, unless its heartbeat
     is fresher than that when re-read under the lock). True if it is (now) rolled back."""
     with clock.locked() as grant:
-        if idle_for_s is not None:
-            last = max(last_beat_ms(storage, instant) or 0, parse_time(instant))
-            if time.time_ns() // 1_000_000 - last <= idle_for_s * 1000:
-                return False  # it beat again since it was found idle: alive
+        if idle_for_s is not None and idle_ms(storage, instant) <= idle_for_s * 1000:
+            return False  # it beat again since it was found idle: alive
         inst = Timeline.load(storage).get(instant)
         if inst is not None and inst.action not in DATA_ACTIONS:
             raise InvalidOptionError(
@@ -122,9 +120,9 @@ def failed_writes(storage: Storage, timeout_s: float, timeline: Timeline | None 
     for inst in timeline.pending():
         if inst.action not in DATA_ACTIONS:
             continue
-        last = max(last_beat_ms(storage, inst.instant) or 0, parse_time(inst.instant))
-        if now - last > timeout_s * 1000:
-            out.append(FailedWrite(inst.instant, inst.action, (now - last) / 1000))
+        idle = idle_ms(storage, inst.instant, now)
+        if idle > timeout_s * 1000:
+            out.append(FailedWrite(inst.instant, inst.action, idle / 1000))
     return out
 
 
