@@ -113,13 +113,6 @@ class _PastDeadline(Exception):
     """A retry would start past the caller's deadline (see Storage._retry)."""
 
 
-def _raise_gave_up(bound: dict[str, float], exc: FSTimeoutError) -> None:
-    """Re-raise `exc` (a timeout), saying so when it is the bound `Storage._bounded` set."""
-    if not bound:
-        raise exc
-    raise FSTimeoutError("no reply before the table lock's lease ran out; the call was cancelled") from exc
-
-
 class _TakenThenFreed(Exception):
     """put-if-absent found its name taken, but the file was gone when read: put again."""
 
@@ -486,15 +479,10 @@ class Storage:
                     return False
                 self.fs.pipe_file(path, data)
                 return True
-        bound = self._bounded(give_up_at)
         try:
-            self.fs.pipe_file(path, data, mode="create", **bound)
+            self._pipe(path, data, give_up_at, mode="create")
         except FileExistsError:
             return False
-        except FSTimeoutError as exc:
-            _raise_gave_up(bound, exc)
-        finally:
-            self.fs.invalidate_cache(path.rsplit("/", 1)[0])
         return True
 
     @staticmethod
@@ -540,11 +528,17 @@ class Storage:
             if durable:
                 _fsync_created(path)
             return
+        self._pipe(path, data, give_up_at)
+
+    def _pipe(self, path: str, data: bytes, give_up_at: float | None, **kwargs: Any) -> None:
+        """One fsspec put of a whole object (S3 or memory), given up at `give_up_at` on S3."""
         bound = self._bounded(give_up_at)
         try:
-            self.fs.pipe_file(path, data, **bound)
+            self.fs.pipe_file(path, data, **kwargs, **bound)
         except FSTimeoutError as exc:
-            _raise_gave_up(bound, exc)
+            if not bound:
+                raise
+            raise FSTimeoutError("no reply before the table lock's lease ran out; the call was cancelled") from exc
         finally:
             self.fs.invalidate_cache(path.rsplit("/", 1)[0])
 
