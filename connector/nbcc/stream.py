@@ -213,7 +213,7 @@ def check_owner(storage: Storage, stream_id: str, query_id: str | None) -> None:
     record = _check_query_stream(storage, stream_id, query_id)
     path = f"{_claim_dir(stream_id)}/{OWNER_FILE}"
     if not storage.put_if_absent(path, json.dumps({"query_id": query_id}).encode()):
-        owner = json.loads(storage.read_bytes(path)).get("query_id")
+        owner = _owner_of(storage, stream_id)
         if owner != query_id:
             raise InvalidOptionError(
                 f"stream_id={stream_id!r} belongs to another streaming query (query id {owner}); this "
