@@ -58,9 +58,10 @@ class Ref:
         wanted = sorted(self.rows) if keys is None else sorted(set(keys))
         return [self.rows[k] for k in wanted]
 
-    def write(self, table: nbcc.Table, keys: Iterable[int], tag: str, **kw) -> str:
+    def write(self, table: nbcc.Table, keys: Iterable[int], tag: str, write_options: dict[str, Any] | None = None,
+              **kw) -> str:
         data, rows = self.batch(keys, tag, **kw)
-        instant = table.write(data)
+        instant = table.write(data, **(write_options or {}))
         self.apply(rows)
         return instant
 
@@ -483,6 +484,13 @@ def test_an_instant_that_just_completed_is_never_rolled_back(local_table, monkey
     assert snapshot(nbcc.Table.open(uri)) == ref.expected()
 
 
+def _assert_rolled_back(table: nbcc.Table, txn, expected: list[dict[str, Any]]) -> None:
+    """`txn`'s instant is rolled back, its files are gone, and a fresh reader sees `expected`."""
+    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
+    assert files_of_instant(data_files(table.uri), txn.instant) == set()
+    assert snapshot(nbcc.Table.open(table.uri)) == expected
+
+
 def test_a_slow_writer_rolled_back_after_its_heartbeat_expired_cannot_commit(local_table):
     uri, _ = local_table
     table = new_table(uri)
@@ -502,10 +510,8 @@ def test_a_slow_writer_rolled_back_after_its_heartbeat_expired_cannot_commit(loc
 
     with pytest.raises(nbcc.CommitError, match=r"was rolled back: heartbeat expired \(\d+ s without one"):
         txn.commit(files)
-    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
-    assert files_of_instant(data_files(uri), txn.instant) == set()
+    _assert_rolled_back(table, txn, expected)
     assert snapshot(table) == expected
-    assert snapshot(nbcc.Table.open(uri)) == expected
     # Writing the data again works.
     ref.write(table, [0, 1, 2, 60, 61], "again")
     assert snapshot(table) == ref.expected()
@@ -526,9 +532,7 @@ def test_a_writer_whose_write_was_rolled_back_by_hand_is_told_so(local_table):
         txn.commit(files)
     assert str(err.value) == (f"instant {txn.instant} was rolled back: a manual rollback (`nbcc rollback` or "
                               "Table.rollback); its files are gone: write the data again")
-    assert [i.state for i in table.timeline() if i.instant == txn.instant] == ["rolledback"]
-    assert files_of_instant(data_files(uri), txn.instant) == set()
-    assert snapshot(nbcc.Table.open(uri)) == expected
+    _assert_rolled_back(table, txn, expected)
 
     txn, files, _ = _open_write(table, ref, [2, 71], "unreadable mark")
     assert table.rollback(txn.instant) is True
@@ -969,12 +973,6 @@ def test_a_failing_inline_compaction_leaves_the_write_committed_and_logs_why(tmp
 
 
 
-def _write_with(table: nbcc.Table, ref: Ref, keys: Iterable[int], tag: str, **options: Any) -> None:
-    data, rows = ref.batch(keys, tag)
-    table.write(data, **options)
-    ref.apply(rows)
-
-
 def test_inline_compaction_finishes_a_compaction_that_nothing_executes(tmp_path, caplog):
     # A process killed between scheduling and completing a compaction left it pending. Inline
     # writers left it alone for good (it was "the job's"), and log files piled up. Now one that
@@ -986,11 +984,11 @@ def test_inline_compaction_finishes_a_compaction_that_nothing_executes(tmp_path,
     left = table.schedule_compaction()  # its executor dies before running it
     inline = {"compaction_delta_commits": 1, "compaction_inline": True}
     nbcc.heartbeat.beat(table.storage, left)  # as an executor in progress does
-    _write_with(table, ref, KEYS[:10], "c1", **inline)
+    ref.write(table, KEYS[:10], "c1", inline)
     assert table.pending_compactions() == [left]
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)  # the executor's heartbeat expires
     with caplog.at_level("WARNING", logger="nbcc.table"):
-        _write_with(table, ref, KEYS[10:20], "c2", **inline)
+        ref.write(table, KEYS[10:20], "c2", inline)
     assert f"compaction {left} was left pending" in caplog.text
     done = [i.instant for i in table.timeline() if i.action == "commit" and i.state == "completed"]
     assert table.pending_compactions() == [] and done[0] == left and len(done) == 2  # then a new one
@@ -1015,12 +1013,12 @@ def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeo
     monkeypatch.setattr(nbcc.compaction, "compact_file_group", failing)
     inline = {"compaction_delta_commits": 1, "compaction_inline": True}
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)  # abandoned: nothing ever executed it
-    _write_with(table, ref, KEYS[:5], "c1", **inline)
+    ref.write(table, KEYS[:5], "c1", inline)
     assert len(runs) == 1
-    _write_with(table, ref, KEYS[5:10], "c2", **inline)  # it failed just now: not again yet
+    ref.write(table, KEYS[5:10], "c2", inline)  # it failed just now: not again yet
     assert len(runs) == 1
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)
-    _write_with(table, ref, KEYS[10:15], "c3", **inline)
+    ref.write(table, KEYS[10:15], "c3", inline)
     assert len(runs) == 2 and table.pending_compactions() == [tc]
     assert snapshot(table) == ref.expected()
 
@@ -1031,7 +1029,7 @@ def test_a_scheduling_only_writer_says_when_a_compaction_stays_pending(tmp_path,
     left = table.schedule_compaction()
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)
     with caplog.at_level("WARNING", logger="nbcc.table"):
-        _write_with(table, ref, KEYS[:10], "c1", compaction_delta_commits=1)
+        ref.write(table, KEYS[:10], "c1", {"compaction_delta_commits": 1})
     assert f"compaction {left} is pending and nothing has executed it" in caplog.text
     assert f"`nbcc compact {table.uri}` finishes it" in caplog.text
     assert table.pending_compactions() == [left]
