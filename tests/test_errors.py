@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -355,6 +356,18 @@ def test_option_that_contradicts_the_table(table):
     nbcc.Table.open_or_create(table.uri, SCHEMA, record_key=["id"])
 
 
+def test_option_that_contradicts_a_table_with_no_commit_says_it_may_be_deleted(local_table):
+    uri, _ = local_table
+    nbcc.Table.create(uri, SCHEMA, "id", buckets=2)
+    with pytest.raises(InvalidOptionError, match=r"buckets=4 differs .* no commit yet: if a failed first write "
+                                                 r"left it and nothing writes it now, delete "):
+        nbcc.Table.open_or_create(uri, SCHEMA, buckets=4)
+    nbcc.Table.open(uri).write(pa.table({"id": [1], "name": ["a"], "ts": [1]}))
+    with pytest.raises(InvalidOptionError, match="buckets=4 differs") as e:
+        nbcc.Table.open_or_create(uri, SCHEMA, buckets=4)
+    assert "delete" not in str(e.value)  # a table with rows is never to be deleted for an option
+
+
 def test_unknown_table_option_is_an_error_for_a_new_or_an_existing_table(table, tmp_path):
     for uri in (table.uri, str(tmp_path / "new")):
         with pytest.raises(InvalidOptionError, match=r"unknown table option\(s\): partiton_by\. Valid table "
@@ -381,6 +394,23 @@ def test_spark_first_write_without_record_key(spark, tmp_path):
     with pytest.raises(Exception, match="record_key is required"):
         spark.createDataFrame([(1, "a")], "id long, name string").write.format("nbcc").mode("append").save(uri)
     assert not Path(uri, ".nbcc").exists()
+
+
+def test_spark_failed_first_write_then_other_options(spark, tmp_path):
+    uri = str(tmp_path / "t")
+
+    def writer(df, buckets):
+        df.write.format("nbcc").mode("append").option("record_key", "id").option("buckets", buckets).save(uri)
+
+    with pytest.raises(Exception, match="record key column 'id' has 1 null"):
+        writer(spark.createDataFrame([(1, "a"), (None, "b")], "id long, name string"), 4)
+    good = spark.createDataFrame([(1, "a")], "id long, name string")
+    with pytest.raises(Exception, match=r"buckets=8 differs from the table's buckets=4.* no commit yet.* delete "):
+        writer(good, 8)
+    shutil.rmtree(uri)  # as the error says
+    writer(good, 8)
+    assert nbcc.Table.open(uri).config.buckets == 8
+    assert [r.id for r in spark.read.format("nbcc").load(uri).collect()] == [1]
 
 
 def test_spark_first_write_sets_the_lock_lease_and_heartbeat_timeout(spark, tmp_path):

@@ -287,8 +287,10 @@ def build_index(storage: Storage, clock: TimeGenerator, partitions: Iterable[str
     kinds = check_kinds(partitions)
     dropping = [k for k, v in read_states(storage, dropping=True).items() if v == DROPPING and k in kinds]
     if dropping:
-        raise CommitError(f"metadata table partitions {', '.join(sorted(dropping))} are being dropped: build "
-                          "them once the drop finished (run the drop again if it stopped part-way)")
+        one = len(dropping) == 1
+        raise CommitError(f"metadata table partition{'' if one else 's'} {', '.join(sorted(dropping))} "
+                          f"{'is' if one else 'are'} being dropped: build {'it' if one else 'them'} once the "
+                          "drop finished (run the drop again if it stopped part-way)")
     open_metadata_table(storage, create=True)
     ran = []
     for ti, plan in pending_indexing(storage):

@@ -156,7 +156,16 @@ class Table:
                                   storage_options=storage_options, **settings)
             except TableExistsError:  # another first writer won the race
                 table = cls.open(uri, storage_options)
-        table.config.check_options(options)
+        try:
+            table.config.check_options(options)
+        except InvalidOptionError as e:
+            if Timeline.load(table.storage).completed():
+                raise
+            # A first write that failed leaves the table it created, with that write's options.
+            raise InvalidOptionError(
+                f"{e}. The table has no commit yet: if a failed first write left it and nothing writes "
+                f"it now, delete {table.uri} and write again to create it with the new options"
+            ) from None
         return table
 
     @property
