@@ -481,7 +481,6 @@ def test_a_rollback_mark_published_after_the_write_completed_deletes_nothing(loc
     assert snapshot(table) == ref.expected()
 
 
-
 S3_LEASE_MS = 3000  # moto on a loaded machine needs more than LEASE_MS for an ordinary commit
 
 
@@ -516,14 +515,20 @@ class StalledS3Put:
         assert self.ended.wait(WAIT_S)  # the held request is over: cancelled, or it landed
 
 
-def test_on_s3_a_compaction_plan_whose_put_stalls_past_the_lease_is_given_up(s3_table, monkeypatch):
-    # A plan must not be published after another process may have taken the lock over (a read
-    # as of a time issued meanwhile would change when it lands, format.md §15.5): the put is
-    # cancelled when the lease runs out, and scheduling fails with no plan published.
+def _s3_table_with_rows(s3_table) -> tuple[nbcc.Table, Ref]:
+    """A table on moto with a short lease, and one commit of KEYS."""
     uri, opts = s3_table
     table = new_table(uri, storage_options=opts, lock_lease_ms=S3_LEASE_MS)
     ref = Ref()
     ref.write(table, KEYS, "c0")
+    return table, ref
+
+
+def test_on_s3_a_compaction_plan_whose_put_stalls_past_the_lease_is_given_up(s3_table, monkeypatch):
+    # A plan must not be published after another process may have taken the lock over (a read
+    # as of a time issued meanwhile would change when it lands, format.md §15.5): the put is
+    # cancelled when the lease runs out, and scheduling fails with no plan published.
+    table, ref = _s3_table_with_rows(s3_table)
     stall = StalledS3Put(table.storage.fs, r"timeline/\d{17}\.compaction\.requested$", monkeypatch)
     with pytest.raises(nbcc.StorageError, match="lease ran out.*not tried again"):
         table.schedule_compaction()
@@ -534,15 +539,11 @@ def test_on_s3_a_compaction_plan_whose_put_stalls_past_the_lease_is_given_up(s3_
     assert snapshot(table) == ref.expected()
 
 
-
 def test_on_s3_a_data_commit_whose_put_stalls_past_the_lease_is_not_given_up(s3_table, monkeypatch, caplog):
     # Given up, the put could still land after the failed write was rolled back (its files
     # deleted): a completed commit with no files, which no read survives. It waits instead, and
     # a commit published that late is logged (format.md §6.4).
-    uri, opts = s3_table
-    table = new_table(uri, storage_options=opts, lock_lease_ms=S3_LEASE_MS)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = _s3_table_with_rows(s3_table)
     stall = StalledS3Put(table.storage.fs, COMPLETED_FILE, monkeypatch)
     threading.Timer(2 * S3_LEASE_MS / 1000, stall.release.set).start()  # lands two leases late
     ref.write(table, KEYS[:10], "late")
@@ -552,15 +553,13 @@ def test_on_s3_a_data_commit_whose_put_stalls_past_the_lease_is_not_given_up(s3_
     assert [i.state for i in table.timeline()] == ["completed", "completed"]
     assert snapshot(table) == ref.expected()
 
+
 def test_on_s3_a_write_whose_requested_file_landed_but_its_reply_was_lost_is_rolled_back_at_once(
         s3_table, monkeypatch):
     # The put landed, its reply never came, and the write gave up at the lease's end: it
     # withdraws its instant at once rather than leave it pending until the cleaner's heartbeat
     # timeout (five minutes by default).
-    uri, opts = s3_table
-    table = new_table(uri, storage_options=opts, lock_lease_ms=S3_LEASE_MS)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = _s3_table_with_rows(s3_table)
     stall = StalledS3Put(table.storage.fs, r"timeline/\d{17}\.deltacommit\.requested$", monkeypatch,
                           lands_first=True)
     data, _ = ref.batch(KEYS[:10], "late")
@@ -573,6 +572,7 @@ def test_on_s3_a_write_whose_requested_file_landed_but_its_reply_was_lost_is_rol
     assert snapshot(table) == ref.expected()
     ref.write(table, KEYS[10:20], "next")
     assert snapshot(table) == ref.expected()
+
 
 # -- 3b. random faults under many writers ----------------------------------------------------------
 

@@ -139,6 +139,7 @@ def _s3_parameters() -> dict[str, Any]:
     return dict(inspect.signature(s3fs.S3FileSystem.__init__).parameters)
 
 
+@functools.lru_cache(maxsize=None)
 def _s3_option_names() -> frozenset[str]:
     return (frozenset(_s3_parameters()) - _S3_REFUSED_OPTIONS) | _S3_EXTRA_OPTIONS | {"region_name"}
 
