@@ -311,10 +311,9 @@ class TableConfig:
                    TABLE_OPTIONS["lock_lease_ms"].parse(lock_lease_ms),
                    TABLE_OPTIONS["heartbeat_timeout_s"].parse(heartbeat_timeout_s), table_id=str(uuid.uuid4()))
 
-    def to_json(self) -> bytes:
-        doc = {
-            "format_version": self.format_version,
-            "schema": schema_to_json(self.schema),
+    def _shaping(self) -> dict[str, Any]:
+        """The table-shaping options, fixed when the table is created, as table.json has them."""
+        return {
             "record_key": list(self.record_key),
             "ordering_field": self.ordering_field,
             "partition_by": list(self.partition_by),
@@ -322,6 +321,13 @@ class TableConfig:
             "merge_mode": self.merge_mode,
             "lock_lease_ms": self.lock_lease_ms,
             "heartbeat_timeout_s": self.heartbeat_timeout_s,
+        }
+
+    def to_json(self) -> bytes:
+        doc = {
+            "format_version": self.format_version,
+            "schema": schema_to_json(self.schema),
+            **self._shaping(),
             **({"metadata_table": dict(self.metadata_table)} if self.metadata_table else {}),
             **({"table_id": self.table_id} if self.table_id else {}),
             **self.extra,
@@ -369,15 +375,7 @@ class TableConfig:
 
     def check_options(self, options: Mapping[str, Any]) -> None:
         """Table-shaping options given to a write of an existing table must match it."""
-        current = {
-            "record_key": list(self.record_key),
-            "ordering_field": self.ordering_field,
-            "partition_by": list(self.partition_by),
-            "buckets": self.buckets,
-            "merge_mode": self.merge_mode,
-            "lock_lease_ms": self.lock_lease_ms,
-            "heartbeat_timeout_s": self.heartbeat_timeout_s,
-        }
+        current = self._shaping()
         for name, value in options.items():
             if name in current and value not in (None, [], "") and value != current[name]:
                 raise InvalidOptionError(
