@@ -224,14 +224,9 @@ class DefaultSource(DataSource):
         return cls(table.uri, table.storage.storage_options, schema, options, max_bytes)
 
     def writer(self, schema: StructType, overwrite: bool) -> "NbccWriter":
-        uri = _table_uri(self.options)
         options, storage_options = parse_options(self.options, WRITE_OPTIONS, "write")
-        arrow_schema = to_arrow_schema(schema, timezone="UTC")
-        operation = options.pop("operation", "upsert")
-        max_bytes = options.pop("max_log_file_bytes", None)
-        trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
-        check_write_operation(operation, overwrite)  # before a first write creates the table
-        table = Table.open_or_create(uri, nullable_schema(arrow_schema), storage_options, **options)
+        table, arrow_schema, operation, max_bytes, trigger = open_for_write(
+            _table_uri(self.options), options, storage_options, schema, overwrite)
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger)
 
@@ -244,6 +239,20 @@ class DefaultSource(DataSource):
         """`spark.readStream.format("nbcc").load(uri)`: offsets are completion times (streaming.py)."""
         from .streaming import stream_reader
         return stream_reader(self.options, schema)
+
+
+def open_for_write(uri: str, options: dict[str, Any], storage_options: dict[str, Any], schema: StructType,
+                   overwrite: bool) -> tuple[Table, pa.Schema, str, int | None, tuple[int | None, bool]]:
+    """The table a batch or streaming write goes to (a first write creates it from the table
+    options left in `options`), and the write's own options: (table, the data's Arrow schema,
+    operation, max_log_file_bytes, compaction trigger)."""
+    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    operation = options.pop("operation", "upsert")
+    max_bytes = options.pop("max_log_file_bytes", None)
+    trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
+    check_write_operation(operation, overwrite)  # before a first write creates the table
+    table = Table.open_or_create(uri, nullable_schema(arrow_schema), storage_options, **options)
+    return table, arrow_schema, operation, max_bytes, trigger
 
 
 def _pushdown_enabled() -> bool:

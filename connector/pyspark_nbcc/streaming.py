@@ -27,7 +27,6 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -42,13 +41,12 @@ from pyspark.sql.types import StructType
 from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
-from nbcc.config import STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, check_write_operation, parse_options
+from nbcc.config import STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, parse_options
 from nbcc.errors import CommitError, InvalidOptionError
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.rollback import rollback_instant
 from nbcc.scan import DEFAULT_MAX_PARTITION_BYTES, ReadOptions, pack_tasks, read_schema
-from nbcc.schema import nullable_schema
 from nbcc.storage import Storage
 from nbcc.stream import (
     Limits,
@@ -65,7 +63,7 @@ from nbcc.stream import (
 from nbcc.timeline import INFLIGHT, REPLACE_COMMIT, REQUESTED
 from nbcc.writer import LogWriter, coalesced, prepare
 
-from .source import NbccReader, TaskPartition, _spark_schema, _table_uri
+from .source import NbccReader, TaskPartition, _spark_schema, _table_uri, open_for_write
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +84,11 @@ class NbccStreamCommitMessage(WriterCommitMessage):
 
 
 def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) -> "NbccStreamWriter":
-    uri = _table_uri(options)
     parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
     stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
     parsed.pop("checkpointlocation", None)
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
-    operation = parsed.pop("operation", "upsert")
-    max_bytes = parsed.pop("max_log_file_bytes", None)
-    trigger = (parsed.pop("compaction_delta_commits", None), parsed.pop("compaction_inline", False))
-    check_write_operation(operation, overwrite)  # before a first write creates the table
-    table = Table.open_or_create(uri, nullable_schema(arrow_schema), storage_options, **parsed)
+    table, arrow_schema, operation, max_bytes, trigger = open_for_write(
+        _table_uri(options), parsed, storage_options, schema, overwrite)
     template = table.prepare_write(arrow_schema, operation, overwrite)
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
