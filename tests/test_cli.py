@@ -459,16 +459,20 @@ def test_timeline_on_s3_with_storage_options(s3_table, capsys):
     assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
 
 
-
-def test_a_storage_option_of_the_wrong_form_is_an_error_not_a_traceback(capsys):
-    # Refused before any request: the endpoint (a closed port) is never asked.
-    for option, message in (("config_kwargs=notjson", "config_kwargs='notjson' is not a JSON object"),
-                            ("client_kwargs=[1]", "client_kwargs='[1]' is not a JSON object"),
-                            ("anon=maybe", "anon='maybe' is not a boolean; give true or false")):
+def test_a_storage_option_of_the_wrong_name_or_form_is_bad_usage_not_a_traceback(capsys):
+    # Refused before any request (the endpoint, a closed port, is never asked), as the README's
+    # exit statuses say: a malformed --storage-option is bad usage.
+    for option, message in (("config_kwargs=notjson", "storage option config_kwargs='notjson' is not a JSON object"),
+                            ("client_kwargs=[1]", "storage option client_kwargs='[1]' is not a JSON object"),
+                            ("anon=maybe", "storage option anon='maybe' is not a boolean; give true or false"),
+                            ("endpoint=x", "unknown S3 storage option endpoint; the options are those of "
+                                           "s3fs.S3FileSystem: ")):
         code, out, err = run(capsys, "timeline", "s3://b/t", "--storage-option", option,
                              "--storage-option", "endpoint_url=http://127.0.0.1:1")
-        assert code == 1 and out == ""
-        assert err.startswith(f"nbcc: error: storage option {message}") and "Traceback" not in err
+        assert code == 2 and out == "", option
+        assert err.splitlines()[-1].startswith(f"nbcc: error: --storage-option: {message}"), err
+        assert "Traceback" not in err
+
 
 # -- the metadata table -----------------------------------------------------------------------------
 
@@ -499,6 +503,27 @@ def test_index_builds_shows_and_drops_metadata_table_partitions(local_table, cap
     code, out, _ = run(capsys, "index", uri, "--drop", "key_filters")
     assert code == 0 and out.splitlines()[0] == "nothing to drop: none of them was in use"
     assert snapshot(table) == expected
+
+
+def test_index_shows_a_drop_that_stopped_part_way_and_how_to_finish_it(local_table, capsys, monkeypatch):
+    import nbcc.indexing as indexing
+
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    table.build_index(["files", "key_filters"])
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(indexing, "delete_rows", interrupted)
+    assert run(capsys, "index", uri, "--drop", "files,key_filters")[0] == 130
+    monkeypatch.undo()
+    code, out, _ = run(capsys, "index", uri)
+    assert code == 0 and rows_of(out)[:3] == [["files", "dropping"], ["column_stats", "-"], ["key_filters", "dropping"]]
+    assert out.splitlines()[-1] == (f"dropping: files, key_filters (a drop that stopped part-way: finish it with "
+                                    f"`nbcc index {uri} --drop files,key_filters`, then build again if wanted)")
+    assert run(capsys, "index", uri, "--drop", "files,key_filters")[0] == 0  # as it says
+    code, out, _ = run(capsys, "index", uri)
+    assert rows_of(out) == [["files", "-"], ["column_stats", "-"], ["key_filters", "-"]]
 
 
 def test_index_errors_are_clear(local_table, tmp_path, capsys):

@@ -48,8 +48,9 @@ from .clock import parse_time_option
 from .compaction import compaction_to_run
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
-from .metadata_table import KINDS, check_kinds
+from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
+from .storage import check_storage_options
 from .table import Table
 from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline
 
@@ -282,6 +283,10 @@ def cmd_index(args: argparse.Namespace) -> int:
     for p in state["pending"]:
         print(f"pending indexing {p['instant']}: {', '.join(p['partitions'])} (re-run `nbcc index` with "
               "--partitions to resume it)")
+    dropping = [k for k in KINDS if parts.get(k) == DROPPING]
+    if dropping:
+        print(f"dropping: {', '.join(dropping)} (a drop that stopped part-way: finish it with `nbcc index {table.uri} "
+              f"--drop {','.join(dropping)}`, then build again if wanted)")
     return 0
 
 
@@ -411,8 +416,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"build these partitions ({', '.join(KINDS)}), comma-separated")
     which.add_argument("--drop", metavar="P[,P...]", help="stop using these partitions and delete them")
     p.add_argument("--timeout", type=_seconds, default=None, metavar="S",
-                   help=f"with --partitions: seconds to wait for writes in flight before giving up (default "
-                        f"{DEFAULT_TIMEOUT_S:g}; a re-run resumes)")
+                   help=f"with --partitions: seconds to wait for writes in flight to finish before giving up "
+                        f"(default {DEFAULT_TIMEOUT_S:g}; a re-run resumes). Not a limit on the whole run, "
+                        "which also indexes the table's files and compacts the metadata table")
     p.add_argument("-q", "--quiet", action="store_true", help="with --partitions: no progress bar")
     p.set_defaults(func=cmd_index, check_usage=_check_index_usage, parser=p)
     return parser
@@ -426,9 +432,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         problem = args.check_usage(args) if hasattr(args, "check_usage") else None
         if problem:
             args.parser.error(problem)  # usage and message on stderr, exits 2
+        args.storage_options = dict(args.storage_options_global + args.storage_options_sub)
+        try:
+            check_storage_options(args.storage_options)
+        except InvalidOptionError as exc:  # a name or value no table would take: bad usage
+            parser.error(f"--storage-option: {exc}")
     except SystemExit as exc:  # usage errors, -h, --version
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
-    args.storage_options = dict(args.storage_options_global + args.storage_options_sub)
     try:
         return args.func(args)
     except BrokenPipeError:  # `nbcc timeline URI | head`: stop quietly

@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence, TypeVar
 
 import fsspec
 import pyarrow as pa
@@ -209,6 +209,18 @@ def _coerce(name: str, value: Any) -> Any:
         return value
 
 
+def check_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    """`options` checked (an unknown name, or a dict or boolean option given as anything else, is
+    an InvalidOptionError) and coerced from text to what s3fs takes."""
+    valid = _s3_option_names()
+    unknown = sorted(set(options) - valid)
+    if unknown:
+        raise InvalidOptionError(
+            f"unknown S3 storage option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the options "
+            f"are those of s3fs.S3FileSystem: {', '.join(sorted(valid))}")
+    return {name: _coerce(name, value) for name, value in options.items()}
+
+
 def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
     """The fsspec options for `uri`: checked (an unknown name is an error, not ignored) and
     coerced; a table not on S3 takes none, and ignores S3 options. On S3, fsspec's listing
@@ -218,16 +230,10 @@ def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
     if not options:
         return {"use_listings_cache": False} if s3 else {}
     try:
-        valid = _s3_option_names()
+        # Checked on any table: the same settings would fail on an S3 table.
+        opts = check_storage_options(options)
     except ImportError as exc:
         raise StorageError(f"cannot open storage for {uri!r}: {exc}; install s3fs") from exc
-    unknown = sorted(set(options) - valid)
-    if unknown:
-        raise InvalidOptionError(
-            f"unknown S3 storage option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the options "
-            f"are those of s3fs.S3FileSystem: {', '.join(sorted(valid))}")
-    # Checked on any table, as the names are: the same settings would fail on an S3 table.
-    opts = {name: _coerce(name, value) for name, value in options.items()}
     if not s3:
         # One job's settings often serve S3 and local tables alike: S3 options mean nothing here.
         log.debug("storage options %s ignored: %s is not on S3", sorted(options), uri)
