@@ -286,3 +286,38 @@ def test_a_partition_value_equal_to_the_null_folder_name_writes_nothing(tmp_path
         table.write(pa.table({"id": [1, 2], "p": ["__HIVE_DEFAULT_PARTITION__", "a"], "x": [20, 30]}, schema=schema))
     assert table.read().to_pylist() == [{"id": 1, "p": None, "x": 10}]
     assert [i.action for i in table.timeline()] == ["deltacommit"]
+
+
+# A struct whose field is marked not null: the rows that lack the struct (written before the
+# column was added, or by writes that leave it out, or deletes) hold a null struct, which Arrow
+# refused to cast ("nulls in input cannot be viewed as non-nullable") and every read failed.
+STRICT = pa.struct([pa.field("a", pa.int32(), nullable=False),
+                    pa.field("inner", pa.struct([pa.field("d", pa.string(), nullable=False)]), nullable=False)])
+
+
+def _strict_rows(rows):
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("ts", pa.int64()), ("st", STRICT)])
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def test_a_struct_with_a_not_null_field_reads_null_where_rows_lack_it(tmp_path):
+    import nbcc
+
+    t = nbcc.Table.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("ts", pa.int64())]), "id",
+                          ordering_field="ts", buckets=2)
+    first = t.write(pa.table({"id": [1, 2, 3], "ts": [1, 1, 1]}))
+    t.write(_strict_rows([{"id": 2, "ts": 2, "st": {"a": 7, "inner": {"d": "x"}}},
+                          {"id": 4, "ts": 2, "st": None}]))  # the column is added here
+    t.write(pa.table({"id": [5], "ts": [3]}))  # a write that leaves it out
+    t.write(pa.table({"id": [3]}), operation="delete")
+    expected = [{"id": 1, "ts": 1, "st": None}, {"id": 2, "ts": 2, "st": {"a": 7, "inner": {"d": "x"}}},
+                {"id": 4, "ts": 2, "st": None}, {"id": 5, "ts": 3, "st": None}]
+    assert t.schema().field("st").type == STRICT
+    assert t.read().sort_by("id").to_pylist() == expected
+    changes = t.read(query_type="incremental", begin=first, incremental_format="cdc")
+    assert sorted((r["id"], r["_change_type"], r["after"] and r["after"]["st"]) for r in changes.to_pylist()) == [
+        (1, "insert", None), (2, "insert", {"a": 7, "inner": {"d": "x"}}), (4, "insert", None), (5, "insert", None)]
+    t.compact()
+    assert t.read().sort_by("id").to_pylist() == expected
+    with pytest.raises(SchemaError, match="column 'st' holds a null inside a value"):  # still checked where present
+        t.write(_strict_rows([{"id": 6, "ts": 4, "st": {"a": None, "inner": {"d": "y"}}}]))

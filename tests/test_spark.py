@@ -168,6 +168,39 @@ def test_schema_evolution_adds_nullable_column(spark, local_table):
     assert got == [Row(id=1, v="a", extra=None), Row(id=2, v="b", extra=None), Row(id=3, v="c", extra=3.5)]
 
 
+def test_a_column_added_from_literals_takes_nulls_later(spark, local_table):
+    # Spark marks struct(lit(...)) fields and array(lit(...)) elements not null. A column a later
+    # write added kept those marks: every read failed on the older rows' null struct, and every
+    # write of a null element was refused. Added columns are nullable at every depth, as created ones.
+    from pyspark.sql import functions as F
+
+    uri, _ = local_table
+    spark.createDataFrame([(1,)], "id long").write.format("nbcc").mode("append").option("record_key", "id").save(uri)
+    (spark.createDataFrame([(2,)], "id long").withColumn("st", F.struct(F.lit(1).alias("a")))
+        .withColumn("tags", F.array(F.lit("x"))).write.format("nbcc").mode("append").save(uri))
+    spark.createDataFrame([(3, None, ["y", None])], "id long, st struct<a int>, tags array<string>") \
+        .write.format("nbcc").mode("append").save(uri)
+    spark.createDataFrame([(4,)], "id long").write.format("nbcc").mode("append").save(uri)
+    got = sorted(spark.read.format("nbcc").load(uri).collect(), key=lambda r: r.id)
+    assert got == [Row(id=1, st=None, tags=None), Row(id=2, st=Row(a=1), tags=["x"]),
+                   Row(id=3, st=None, tags=["y", None]), Row(id=4, st=None, tags=None)]
+
+
+def test_a_variant_column_is_refused_and_nothing_is_written(spark, local_table):
+    from pyspark.sql import functions as F
+
+    uri, _ = local_table
+    df = spark.createDataFrame([(1, '{"a": 1}')], "id long, j string")
+    df.write.format("nbcc").mode("append").option("record_key", "id").save(uri)
+    before = nbcc.Table.open(uri).timeline()
+    with pytest.raises(Exception, match=r"column\(s\) v, m\{value\}\[\] have Spark's VARIANT type.*to_json\(col\)"):
+        (df.withColumn("v", F.parse_json("j")).withColumn("m", F.create_map(F.lit("k"), F.array(F.parse_json("j"))))
+           .write.format("nbcc").mode("append").save(uri))
+    assert nbcc.Table.open(uri).timeline() == before
+    df.withColumn("v", F.to_json(F.parse_json("j"))).write.format("nbcc").mode("append").save(uri)  # as it says
+    assert [r.v for r in spark.read.format("nbcc").load(uri).collect()] == ['{"a":1}']
+
+
 def test_partial_update_joins_writers_columns(spark, local_table):
     uri, _ = local_table
     schema = "id long, a string, b string"

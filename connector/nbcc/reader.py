@@ -34,7 +34,7 @@ from .errors import DataFileError, StorageError
 from .expr import Predicate, conjunction, stat_value
 from .filenames import data_file_path
 from .merge import merge_records
-from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_FIELDS, file_schema
+from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_FIELDS, file_schema, null_array
 from .storage import Storage, is_not_found
 
 # A merge holds about 300 bytes per row of a 5-column table (rows, sort keys, permutation); 2M
@@ -152,7 +152,7 @@ def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table:
     for f in schema:
         idx = table.schema.get_field_index(f.name)
         if idx < 0:
-            cols.append(pa.nulls(table.num_rows, f.type))
+            cols.append(null_array(table.num_rows, f.type))
         else:
             col = table.column(idx)
             cols.append(col if col.type.equals(f.type) else pc.cast(col, f.type))

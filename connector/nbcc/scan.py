@@ -45,7 +45,15 @@ from .index_view import MetadataIndex, load_index
 from .metadata_table import COLUMN_STATS, FILES, KEY_FILTERS
 from .partitions import NULL_PARTITION, parse_partition_path
 from .reader import iter_files, read_columns, read_files
-from .schema import COMMIT_TIME_COL, RECORD_KEY_COL, constant_strings, file_schema, merge_added_columns, schema_from_json
+from .schema import (
+    COMMIT_TIME_COL,
+    RECORD_KEY_COL,
+    constant_strings,
+    file_schema,
+    merge_added_columns,
+    null_array,
+    schema_from_json,
+)
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -825,6 +833,15 @@ def _same_value(x: Any, y: Any) -> bool:
     return x == y
 
 
+def _taken(rows: pa.Table, idx: pa.Array) -> pa.Table:
+    """`rows` at `idx`; a null index gives placeholder values, which the null `before` or `after`
+    struct holding them hides. (A take's null row would leave a struct's fields null, and Arrow's
+    cast refuses that for a field marked not null, see schema.null_array.)"""
+    if rows.num_rows == 0:
+        return pa.Table.from_arrays([null_array(len(idx), f.type) for f in rows.schema], schema=rows.schema)
+    return rows.take(idx.fill_null(0))
+
+
 def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     config, schema = plan.config, plan.schema
     match = _match_column(config)
@@ -856,7 +873,7 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
         last_change = pa.concat_arrays([last_change, constant_strings(reset_time, len(extra))])
     b_idx = pc.index_in(keys, value_set=before.column(match).combine_chunks())
     a_idx = pc.index_in(keys, value_set=after.column(match).combine_chunks())
-    b_rows, a_rows = before.take(b_idx), after.take(a_idx)
+    b_rows, a_rows = _taken(before, b_idx), _taken(after, a_idx)
     has_b, has_a = b_idx.is_valid(), a_idx.is_valid()
     same = pc.and_(has_b, has_a)
     for name in schema.names:
@@ -869,7 +886,7 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
         arrays = [t.column(f.name).combine_chunks() for f in struct_type]
         return pa.StructArray.from_arrays(arrays, fields=list(struct_type), mask=pc.invert(present))
 
-    cols = {k: pc.coalesce(a_rows.column(k), b_rows.column(k)) for k in config.record_key}
+    cols = {k: pc.if_else(has_a, a_rows.column(k), b_rows.column(k)) for k in config.record_key}
     out = pa.table({**cols, CHANGE_TYPE_COL: change, COMPLETION_TIME_COL: last_change,
                     "before": as_struct(b_rows, has_b), "after": as_struct(a_rows, has_a)})
     return out.filter(keep).cast(plan.output_schema)

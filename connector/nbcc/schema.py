@@ -287,6 +287,33 @@ def merge_added_columns(base: pa.Schema, later: Iterable[pa.Schema]) -> pa.Schem
     return pa.schema(fields)
 
 
+def null_array(n: int, t: pa.DataType) -> pa.Array:
+    """`n` nulls of type `t`, for a column a file or a write does not have. pa.nulls leaves a
+    struct's fields null too, and Arrow's cast refuses that for a field marked not null even
+    under a null struct ("nulls in input cannot be viewed as non-nullable"): such fields hold
+    zeros or empty values here instead, as Parquet gives them back under a null struct."""
+    return _castable(pa.nulls(n, t), nullable=True)
+
+
+def _castable(nulls: pa.Array, nullable: bool) -> pa.Array:
+    t = nulls.type
+    if pa.types.is_struct(t):
+        children = [_castable(nulls.field(i), t.field(i).nullable) for i in range(t.num_fields)]
+        mask = pa.array(np.ones(len(nulls), dtype=bool)) if nullable else None
+        return pa.StructArray.from_arrays(children, fields=list(t), mask=mask)
+    if nullable:
+        return nulls
+    n = len(nulls)
+    if pa.types.is_map(t):  # empty maps and lists: their element fields hold nothing
+        offsets = pa.array(np.zeros(n + 1, dtype=np.int32))
+        return pa.MapArray.from_arrays(offsets, pa.array([], t.key_type), pa.array([], t.item_type), type=t)
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        offsets = pa.array(np.zeros(n + 1, dtype=np.int64 if pa.types.is_large_list(t) else np.int32))
+        return type(nulls).from_arrays(offsets, pa.array([], t.value_type), type=t)
+    # A flat type: pa.nulls's buffers hold zeros (numbers, times) and zero offsets (strings).
+    return pa.Array.from_buffers(t, n, [None] + nulls.buffers()[1:])
+
+
 def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
     """`batch`'s columns in `schema`'s order and types; absent columns become nulls.
     Fields are nullable in the result: delete markers carry nulls in data columns."""
@@ -295,7 +322,7 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
     for f in schema:
         idx = table.schema.get_field_index(f.name)
         if idx < 0:
-            cols.append(pa.nulls(table.num_rows, f.type))
+            cols.append(null_array(table.num_rows, f.type))
             continue
         col = table.column(idx)
         if not col.type.equals(f.type):

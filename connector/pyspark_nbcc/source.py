@@ -36,7 +36,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import StructType
+from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
 
 from nbcc import Table
 from nbcc.commit import WriteTransaction
@@ -241,17 +241,43 @@ class DefaultSource(DataSource):
         return stream_reader(self.options, schema)
 
 
+def _check_no_variant(schema: StructType) -> None:
+    """Spark's VARIANT reaches Python as a struct of two binaries: stored as such, it would read
+    back as that struct, not as a VARIANT."""
+    found: list[str] = []
+
+    def walk(t: DataType, path: str) -> None:
+        if isinstance(t, VariantType):
+            found.append(path)
+        elif isinstance(t, StructType):
+            for f in t.fields:
+                walk(f.dataType, f"{path}.{f.name}" if path else f.name)
+        elif isinstance(t, ArrayType):
+            walk(t.elementType, f"{path}[]")
+        elif isinstance(t, MapType):
+            walk(t.keyType, f"{path}{{key}}")
+            walk(t.valueType, f"{path}{{value}}")
+    walk(schema, "")
+    if found:
+        raise SchemaError(f"column(s) {', '.join(found)} have Spark's VARIANT type, which nbcc cannot store (it "
+                          "would read back as a struct of two binaries); store JSON text instead with "
+                          "to_json(col), and read it back with parse_json(col)")
+
+
 def open_for_write(uri: str, options: dict[str, Any], storage_options: dict[str, Any], schema: StructType,
                    overwrite: bool) -> tuple[Table, pa.Schema, str, int | None, tuple[int | None, bool]]:
     """The table a batch or streaming write goes to (a first write creates it from the table
     options left in `options`), and the write's own options: (table, the data's Arrow schema,
     operation, max_log_file_bytes, compaction trigger)."""
-    arrow_schema = to_arrow_schema(schema, timezone="UTC")
+    # Nullable at every depth, for the columns a first write creates and those a later one adds
+    # alike: Spark marks literals, array(...) elements and VARIANT's fields not null by accident.
+    _check_no_variant(schema)
+    arrow_schema = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
     operation = options.pop("operation", "upsert")
     max_bytes = options.pop("max_log_file_bytes", None)
     trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
     check_write_operation(operation, overwrite)  # before a first write creates the table
-    table = Table.open_or_create(uri, nullable_schema(arrow_schema), storage_options, **options)
+    table = Table.open_or_create(uri, arrow_schema, storage_options, **options)
     return table, arrow_schema, operation, max_bytes, trigger
 
 
