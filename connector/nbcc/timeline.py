@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .clock import TIME_LEN, LockGrant
 from .errors import CommitError
@@ -163,18 +163,24 @@ def read_commit_metadatas(storage: Storage, instants: Iterable[Instant]) -> dict
     instants = list(instants)
     with _CACHE_LOCK:
         fetch = [i for i in instants if not i.archived and (storage.uri, i.file_name) not in _CACHE]
-    fetched: dict[str, dict[str, Any]] = {}
-    if len(fetch) >= 2 and not storage.is_local:
-        try:
-            with ThreadPoolExecutor(max_workers=min(_PARALLEL_READS, len(fetch)),
-                                    thread_name_prefix="nbcc-read") as pool:
-                metas = pool.map(lambda i: read_commit_metadata(storage, i), fetch)
-                fetched = {i.instant: meta for i, meta in zip(fetch, metas)}
-        except RuntimeError as exc:  # no new threads once the interpreter shuts down (atexit)
-            if "shutdown" not in str(exc):
-                raise
+    fetched = dict(zip((i.instant for i in fetch), _fetch_all(storage, fetch, read_commit_metadata)))
     return {i.instant: fetched[i.instant] if i.instant in fetched else read_commit_metadata(storage, i)
             for i in instants}
+
+
+def _fetch_all(storage: Storage, items: list[Any], read: Callable[[Storage, Any], Any]) -> list[Any]:
+    """`read(storage, item)` of each item, 10 at a time on object storage (each is a round
+    trip); [] where that does not pay (local files, fewer than two) or cannot be done (no new
+    threads once the interpreter shuts down, atexit): the caller then reads one by one."""
+    if len(items) < 2 or storage.is_local:
+        return []
+    try:
+        with ThreadPoolExecutor(max_workers=min(_PARALLEL_READS, len(items)), thread_name_prefix="nbcc-read") as pool:
+            return list(pool.map(lambda item: read(storage, item), items))
+    except RuntimeError as exc:
+        if "shutdown" not in str(exc):
+            raise
+        return []
 
 
 # -- writing the instant lifecycle -------------------------------------------------------------
@@ -277,7 +283,7 @@ def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
 
 HISTORY_DIR = ".nbcc/history"
 _HISTORY_FILES: dict[tuple[str, str], list[Instant]] = {}
-_HISTORY_LOAD_LOCK = threading.Lock()
+_HISTORY_LOAD_LOCKS: dict[tuple[str, str], threading.Lock] = {}  # one per file: files load in parallel
 # Metadata of archived instants: JSON text until first asked for (a plan from the metadata table
 # needs only the instants and completion times of the history, not thousands of parsed commits).
 _HISTORY_METADATA: dict[tuple[str, str], dict[str, Any] | str] = {}
@@ -294,23 +300,25 @@ def _archived_metadata(storage: Storage, instant: str) -> dict[str, Any]:
 
 def load_history(storage: Storage) -> list[Instant]:
     """Archived instants, from every history file (each read once per process: they never change)."""
+    names = sorted(n for n in storage.list_names(HISTORY_DIR) if n.endswith(".parquet"))
+    with _CACHE_LOCK:
+        missing = [n for n in names if (storage.uri, n) not in _HISTORY_FILES]
+    _fetch_all(storage, missing, _load_history_file)  # a fresh process on S3: many files to read
     out: list[Instant] = []
-    for name in sorted(storage.list_names(HISTORY_DIR)):
-        if not name.endswith(".parquet"):
-            continue
-        key = (storage.uri, name)
+    for name in names:
         with _CACHE_LOCK:
-            cached = _HISTORY_FILES.get(key)
-        if cached is None:
-            cached = _load_history_file(storage, name, key)
-        out.extend(cached)
+            cached = _HISTORY_FILES.get((storage.uri, name))
+        out.extend(cached if cached is not None else _load_history_file(storage, name))
     return out
 
 
-def _load_history_file(storage: Storage, name: str, key: tuple[str, str]) -> list[Instant]:
+def _load_history_file(storage: Storage, name: str) -> list[Instant]:
     """One history file's instants, read once even when threads that all found an instant
     archived since their listing ask for it together."""
-    with _HISTORY_LOAD_LOCK:
+    key = (storage.uri, name)
+    with _CACHE_LOCK:
+        lock = _HISTORY_LOAD_LOCKS.setdefault(key, threading.Lock())
+    with lock:
         with _CACHE_LOCK:
             cached = _HISTORY_FILES.get(key)
         if cached is None:
