@@ -321,3 +321,23 @@ def test_a_struct_with_a_not_null_field_reads_null_where_rows_lack_it(tmp_path):
     assert t.read().sort_by("id").to_pylist() == expected
     with pytest.raises(SchemaError, match="column 'st' holds a null inside a value"):  # still checked where present
         t.write(_strict_rows([{"id": 6, "ts": 4, "st": {"a": None, "inner": {"d": "y"}}}]))
+
+
+def test_a_null_struct_whose_fields_are_null_too_fits_a_field_marked_not_null(tmp_path):
+    # Spark sends a null struct's fields as nulls; only the struct is null, so the row fits.
+    import nbcc
+
+    t = nbcc.Table.create(str(tmp_path / "t"), pa.schema([("id", pa.int64()), ("ts", pa.int64()), ("st", STRICT)]),
+                          "id", ordering_field="ts")
+    loose = pa.struct([("a", pa.int32()), ("inner", pa.struct([("d", pa.string())]))])
+    inner = pa.StructArray.from_arrays([pa.array(["x", None, None])], fields=[loose.field("inner").type.field(0)],
+                                       mask=pa.array([False, True, True]))
+    st = pa.StructArray.from_arrays([pa.array([1, None, 3], pa.int32()), inner], fields=list(loose),
+                                    mask=pa.array([False, True, False]))
+    assert st.field(0).null_count == 1 and st.field(1).null_count == 2  # nulls under the null struct
+    rows = pa.table({"id": [1, 2, 3], "ts": [1, 1, 1], "st": st})
+    with pytest.raises(SchemaError, match="'st'"):  # row 3's inner struct is null: a real violation
+        t.write(rows)
+    t.write(rows.slice(0, 2))
+    assert t.read().sort_by("id").to_pylist() == [{"id": 1, "ts": 1, "st": {"a": 1, "inner": {"d": "x"}}},
+                                                  {"id": 2, "ts": 1, "st": None}]

@@ -295,6 +295,27 @@ def null_array(n: int, t: pa.DataType) -> pa.Array:
     return _castable(pa.nulls(n, t), nullable=True)
 
 
+def _strict_struct_field(t: pa.DataType) -> bool:
+    """Does `t` have a struct field marked not null, at any depth of structs?"""
+    return pa.types.is_struct(t) and any(not f.nullable or _strict_struct_field(f.type) for f in t)
+
+
+def _settled(col: pa.Array, t: pa.DataType) -> pa.Array:
+    """`col` (of type `t` up to nullability) with placeholders for the nulls that null structs
+    hold in fields `t` marks not null: Spark sends a null struct's fields as nulls, which the
+    cast to `t` would refuse though the struct, not its field, is null."""
+    if not _strict_struct_field(t):
+        return col
+    children = [_settled(col.field(i), f.type) for i, f in enumerate(t)]
+    if col.null_count:
+        present = col.is_valid()
+        for i, f in enumerate(t):
+            if not f.nullable and children[i].null_count:
+                filler = _castable(pa.nulls(len(col), f.type), nullable=False).cast(children[i].type)
+                children[i] = pc.if_else(present, children[i], filler)
+    return pa.StructArray.from_arrays(children, fields=list(col.type), mask=col.is_null() if col.null_count else None)
+
+
 def _castable(nulls: pa.Array, nullable: bool) -> pa.Array:
     t = nulls.type
     if pa.types.is_struct(t):
@@ -325,6 +346,8 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
             cols.append(null_array(table.num_rows, f.type))
             continue
         col = table.column(idx)
+        if _strict_struct_field(f.type):
+            col = pa.chunked_array([_settled(c, f.type) for c in col.chunks], type=col.type)
         if not col.type.equals(f.type):
             try:
                 col = pc.cast(col, f.type, safe=True)
