@@ -519,8 +519,9 @@ def test_index_shows_a_drop_that_stopped_part_way_and_how_to_finish_it(local_tab
     monkeypatch.undo()
     code, out, _ = run(capsys, "index", uri)
     assert code == 0 and rows_of(out)[:3] == [["files", "dropping"], ["column_stats", "-"], ["key_filters", "dropping"]]
-    assert out.splitlines()[-1] == (f"dropping: files, key_filters (a drop that stopped part-way: finish it with "
-                                    f"`nbcc index {uri} --drop files,key_filters`, then build again if wanted)")
+    assert out.splitlines()[-1] == (f"dropping: files, key_filters (a drop that is running, or stopped part-way: "
+                                    f"finish it with `nbcc index {uri} --drop files,key_filters`, then build again "
+                                    "if wanted)")
     assert run(capsys, "index", uri, "--drop", "files,key_filters")[0] == 0  # as it says
     code, out, _ = run(capsys, "index", uri)
     assert rows_of(out) == [["files", "-"], ["column_stats", "-"], ["key_filters", "-"]]

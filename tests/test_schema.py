@@ -308,8 +308,13 @@ def test_a_struct_with_a_not_null_field_reads_null_where_rows_lack_it(tmp_path):
     first = t.write(pa.table({"id": [1, 2, 3], "ts": [1, 1, 1]}))
     t.write(_strict_rows([{"id": 2, "ts": 2, "st": {"a": 7, "inner": {"d": "x"}}},
                           {"id": 4, "ts": 2, "st": None}]))  # the column is added here
+    added = t.timeline()[-1].completion
     t.write(pa.table({"id": [5], "ts": [3]}))  # a write that leaves it out
     t.write(pa.table({"id": [3]}), operation="delete")
+    # A range whose start state holds rows: an insert (no `before`) and a delete (no `after`).
+    later = t.read(query_type="incremental", begin=str(int(added) + 1), incremental_format="cdc")
+    assert sorted((r["id"], r["_change_type"], r["before"], r["after"]) for r in later.to_pylist()) == [
+        (3, "delete", {"id": 3, "ts": 1, "st": None}, None), (5, "insert", None, {"id": 5, "ts": 3, "st": None})]
     expected = [{"id": 1, "ts": 1, "st": None}, {"id": 2, "ts": 2, "st": {"a": 7, "inner": {"d": "x"}}},
                 {"id": 4, "ts": 2, "st": None}, {"id": 5, "ts": 3, "st": None}]
     assert t.schema().field("st").type == STRICT

@@ -199,6 +199,9 @@ def test_a_variant_column_is_refused_and_nothing_is_written(spark, local_table):
     assert nbcc.Table.open(uri).timeline() == before
     df.withColumn("v", F.to_json(F.parse_json("j"))).write.format("nbcc").mode("append").save(uri)  # as it says
     assert [r.v for r in spark.read.format("nbcc").load(uri).collect()] == ['{"a":1}']
+    # A delete ignores the columns the table lacks, VARIANT ones too.
+    df.withColumn("w", F.parse_json("j")).write.format("nbcc").mode("append").option("operation", "delete").save(uri)
+    assert spark.read.format("nbcc").load(uri).count() == 0
 
 
 def test_partial_update_joins_writers_columns(spark, local_table):

@@ -285,8 +285,9 @@ def cmd_index(args: argparse.Namespace) -> int:
               "--partitions to resume it)")
     dropping = [k for k in KINDS if parts.get(k) == DROPPING]
     if dropping:
-        print(f"dropping: {', '.join(dropping)} (a drop that stopped part-way: finish it with `nbcc index {table.uri} "
-              f"--drop {','.join(dropping)}`, then build again if wanted)")
+        same = " with the same --storage-option flags" if args.storage_options else ""
+        print(f"dropping: {', '.join(dropping)} (a drop that is running, or stopped part-way: finish it with "
+              f"`nbcc index {table.uri} --drop {','.join(dropping)}`{same}, then build again if wanted)")
     return 0
 
 
@@ -434,7 +435,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.parser.error(problem)  # usage and message on stderr, exits 2
         args.storage_options = dict(args.storage_options_global + args.storage_options_sub)
         try:
-            check_storage_options(args.storage_options)
+            if args.storage_options:  # (checking imports s3fs: not for a local table without options)
+                check_storage_options(args.storage_options)
         except InvalidOptionError as exc:  # a name or value no table would take: bad usage
             parser.error(f"--storage-option: {exc}")
     except SystemExit as exc:  # usage errors, -h, --version

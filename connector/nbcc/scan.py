@@ -834,12 +834,12 @@ def _same_value(x: Any, y: Any) -> bool:
 
 
 def _taken(rows: pa.Table, idx: pa.Array) -> pa.Table:
-    """`rows` at `idx`; a null index gives placeholder values, which the null `before` or `after`
-    struct holding them hides. (A take's null row would leave a struct's fields null, and Arrow's
-    cast refuses that for a field marked not null, see schema.null_array.)"""
-    if rows.num_rows == 0:
-        return pa.Table.from_arrays([null_array(len(idx), f.type) for f in rows.schema], schema=rows.schema)
-    return rows.take(idx.fill_null(0))
+    """`rows` at `idx`; a null index takes a row of placeholders, which the null `before` or
+    `after` struct holding it hides. (A take's null row would leave a struct's fields null, and
+    Arrow's cast refuses that for a field marked not null, see schema.null_array; a copy of a
+    real row would cost its size once per missing key.)"""
+    filler = pa.Table.from_arrays([null_array(1, f.type) for f in rows.schema], schema=rows.schema)
+    return pa.concat_tables([rows, filler]).take(idx.fill_null(rows.num_rows))
 
 
 def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:

@@ -58,7 +58,7 @@ from nbcc.scan import (
     read_schema,
     iter_task,
 )
-from nbcc.schema import nullable_schema
+from nbcc.schema import null_array, nullable_schema
 from nbcc.storage import Storage
 from nbcc.writer import LogWriter, coalesced, prepare
 
@@ -144,7 +144,7 @@ def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
         if f.name not in rows.column_names:
             if not f.nullable:  # columns added later are nullable: a missing key is a bug
                 raise SchemaError(f"the rows read lack the non-nullable column {f.name!r}")
-            columns.append(pa.nulls(rows.num_rows, f.type))
+            columns.append(null_array(rows.num_rows, f.type))
             continue
         col = rows.column(f.name)
         if col.type != f.type:
@@ -271,9 +271,10 @@ def open_for_write(uri: str, options: dict[str, Any], storage_options: dict[str,
     operation, max_log_file_bytes, compaction trigger)."""
     # Nullable at every depth, for the columns a first write creates and those a later one adds
     # alike: Spark marks literals, array(...) elements and VARIANT's fields not null by accident.
-    _check_no_variant(schema)
-    arrow_schema = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
     operation = options.pop("operation", "upsert")
+    if operation != "delete":  # a delete ignores the columns the table lacks
+        _check_no_variant(schema)
+    arrow_schema = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
     max_bytes = options.pop("max_log_file_bytes", None)
     trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
     check_write_operation(operation, overwrite)  # before a first write creates the table
