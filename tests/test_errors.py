@@ -277,7 +277,7 @@ def test_composite_key_values_that_would_make_one_key_text_for_two_keys_write_no
 
 
 def test_a_delete_adds_no_columns(table):
-    table.write(pa.table({"id": [1], "junk": ["x"]}), operation="delete")
+    table.write(pa.table({"id": [1], "junk": ["x"]}), operation="Delete")  # any case, as the Spark option
     assert table.schema().names == ["id", "name", "ts"]
     assert table.read().column("id").to_pylist() == [2]
 

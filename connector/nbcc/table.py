@@ -226,6 +226,8 @@ class Table:
         the last one (and runs it here too with `compaction_inline=True`)."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
+        if isinstance(operation, str):  # in any letter case, as the Spark option
+            operation = operation.strip().lower()
         given, _ = parse_options({"compaction_delta_commits": compaction_delta_commits,
                                   "compaction_inline": compaction_inline,
                                   "max_log_file_bytes": max_log_file_bytes}, WRITE_OPTIONS, "write")
