@@ -25,6 +25,7 @@ import functools
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Iterable, Mapping, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -234,8 +235,30 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
                 f"filter column {column!r} has type {field.type}; the tuple form supports integer, "
                 "string, date and boolean columns (use a pyarrow expression for others)"
             )
+        op, value = _within_range(field.type, op, value)
         preds.append(Predicate(column, op, check_value(column, field, op, value), type=field.type))
     return tuple(preds), None
+
+
+def _within_range(t: pa.DataType, op: str, value: Any) -> tuple[str, Any]:
+    """(op, value) with integers outside the range of integer type `t` taken out, as SQL
+    compares them: `m < 300` on an int8 column holds for every non-null value, `m = 300` for
+    none. (Arrow cannot make a scalar of `t` from them.)"""
+    if not pa.types.is_integer(t):
+        return op, value
+    info = np.iinfo(t.to_pandas_dtype())
+    lo, hi = int(info.min), int(info.max)
+
+    def outside(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi
+
+    if op in ("in", "not_in") and isinstance(value, (list, tuple)):
+        return op, [v for v in value if not outside(v)]
+    if op not in COMPARISONS or not outside(value):
+        return op, value
+    above = value > hi
+    every = {"!=": True, "<": above, "<=": above, ">": not above, ">=": not above}.get(op, False)
+    return ("is_not_null", None) if every else ("in", [])
 
 
 def conjunction(preds: Sequence[Predicate], extra: pc.Expression | None = None) -> pc.Expression | None:
