@@ -344,5 +344,6 @@ def test_a_null_struct_whose_fields_are_null_too_fits_a_field_marked_not_null(tm
     with pytest.raises(SchemaError, match="'st'"):  # row 3's inner struct is null: a real violation
         t.write(rows)
     t.write(rows.slice(0, 2))
+    t.write(pa.table({"id": [4], "ts": [1], "st": pa.nulls(1)}))  # None in every row: Arrow's null type
     assert t.read().sort_by("id").to_pylist() == [{"id": 1, "ts": 1, "st": {"a": 1, "inner": {"d": "x"}}},
-                                                  {"id": 2, "ts": 1, "st": None}]
+                                                  {"id": 2, "ts": 1, "st": None}, {"id": 4, "ts": 1, "st": None}]

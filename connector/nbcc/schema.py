@@ -342,11 +342,11 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
     cols = []
     for f in schema:
         idx = table.schema.get_field_index(f.name)
-        if idx < 0:
+        if idx < 0 or pa.types.is_null(table.schema.field(idx).type):  # absent, or None in every row
             cols.append(null_array(table.num_rows, f.type))
             continue
         col = table.column(idx)
-        if _strict_struct_field(f.type):
+        if _strict_struct_field(f.type) and pa.types.is_struct(col.type):
             col = pa.chunked_array([_settled(c, f.type) for c in col.chunks], type=col.type)
         if not col.type.equals(f.type):
             try:
