@@ -226,11 +226,11 @@ class Table:
         the last one (and runs it here too with `compaction_inline=True`)."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
-        if isinstance(operation, str):  # in any letter case, as the Spark option
-            operation = operation.strip().lower()
-        given, _ = parse_options({"compaction_delta_commits": compaction_delta_commits,
+        # Checked as the Spark options are: `operation` in any letter case, among the others.
+        given, _ = parse_options({"operation": operation, "compaction_delta_commits": compaction_delta_commits,
                                   "compaction_inline": compaction_inline,
                                   "max_log_file_bytes": max_log_file_bytes}, WRITE_OPTIONS, "write")
+        operation = given.get("operation", UPSERT)
         schema, batches = _as_batches(data)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
