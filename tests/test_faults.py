@@ -50,6 +50,7 @@ from test_table_services import (
     files_of_instant,
     new_table,
     snapshot,
+    table_with_rows,
 )
 
 COLUMNS = SCHEMA.names
@@ -137,9 +138,7 @@ def roll_back_dead(table: nbcc.Table, instant: str, with_clean: bool) -> None:
 def test_a_writer_killed_at_any_step_leaves_its_commit_whole_or_absent_and_is_tidied(
         local_table, children, step):
     uri, _ = local_table
-    table = new_table(uri)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri)
     before = ref.expected()
     files_before = data_files(uri)
     # Keys that exist and keys that are new, in both partitions: 8 rows, 8 files.
@@ -218,9 +217,7 @@ def test_a_writer_waits_for_a_killed_lock_holders_lease_and_then_commits(local_t
     # writer of the table is already waiting for the lock.
     uri, _ = local_table
     lease_ms = 1500
-    table = new_table(uri, lock_lease_ms=lease_ms)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri, lock_lease_ms=lease_ms)
     signal_file = children.work / "holding.json"
     proc = children.start(LOCK_HOLDER, uri, str(signal_file))
     held = children.wait_for(signal_file, proc)
@@ -276,9 +273,7 @@ def test_a_table_whose_creation_reply_was_lost_is_created(memory_uri, monkeypatc
 
 
 def test_a_write_whose_every_put_lost_its_reply_once_completes_once(memory_uri):
-    table = new_table(memory_uri)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(memory_uri)
     faults = Faults()
     # The lock's states, the requested and inflight files, and the completed file: each put
     # takes effect and its caller sees a timeout; the retry recognises its own file.
@@ -299,9 +294,7 @@ def test_a_write_whose_every_put_lost_its_reply_once_completes_once(memory_uri):
 def test_a_commit_whose_completed_file_never_answers_raises_but_is_committed(memory_uri):
     # The completed file was created but every attempt timed out: the writer cannot know, says
     # so, and the commit is visible whole; no rollback ever undoes it.
-    table = new_table(memory_uri)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(memory_uri)
     faults = Faults().plan("put", AFTER, BEFORE, BEFORE, where=COMPLETED_FILE)
     data, rows = ref.batch([0, 1, 41], "unknown")
     with pytest.raises(nbcc.StorageError, match="may have created"):
@@ -396,9 +389,7 @@ def _in_thread(call) -> tuple[threading.Thread, dict[str, Any]]:
 
 def test_a_commit_published_after_a_compaction_that_missed_it_keeps_its_rows(local_table, caplog):
     uri, _ = local_table
-    table = new_table(uri, lock_lease_ms=LEASE_MS)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri, lock_lease_ms=LEASE_MS)
     stall = Stall()
     slow = faulty_table(table, Faults().plan("put", stall, where=COMPLETED_FILE))
     data, rows = ref.batch(KEYS[:10], "late")
@@ -436,9 +427,7 @@ def test_a_write_whose_instant_was_published_after_its_lease_writes_nothing(loca
     # A compaction scheduled meanwhile would not have seen the instant pending, and its base
     # files would keep too little for it (format.md §15.2): the write stops before any data.
     uri, _ = local_table
-    table = new_table(uri, lock_lease_ms=LEASE_MS)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri, lock_lease_ms=LEASE_MS)
     stall = Stall()
     slow = faulty_table(table, Faults().plan("put", stall, where=r"timeline/\d{17}\.deltacommit\.requested$"))
     data, _ = ref.batch(KEYS[:10], "late")
@@ -457,9 +446,7 @@ def test_a_write_whose_instant_was_published_after_its_lease_writes_nothing(loca
 
 def test_a_rollback_mark_published_after_the_write_completed_deletes_nothing(local_table, caplog):
     uri, _ = local_table
-    table = new_table(uri, lock_lease_ms=LEASE_MS)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri, lock_lease_ms=LEASE_MS)
     data, rows = ref.batch(KEYS[:10], "slow")
     txn = table.begin_write(data.schema)
     writer = table.log_writer(txn, "0-0-0")
@@ -518,10 +505,7 @@ class StalledS3Put:
 def _s3_table_with_rows(s3_table) -> tuple[nbcc.Table, Ref]:
     """A table on moto with a short lease, and one commit of KEYS."""
     uri, opts = s3_table
-    table = new_table(uri, storage_options=opts, lock_lease_ms=S3_LEASE_MS)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
-    return table, ref
+    return table_with_rows(uri, storage_options=opts, lock_lease_ms=S3_LEASE_MS)
 
 
 def test_on_s3_a_compaction_plan_whose_put_stalls_past_the_lease_is_given_up(s3_table, monkeypatch):
@@ -823,9 +807,7 @@ def test_random_storage_faults_never_lose_duplicate_or_half_show_a_commit(where,
 def test_a_read_whose_data_file_keeps_failing_says_to_read_again(memory_uri):
     # Transient errors that outlast the retries are not a lost or corrupt file: the error must
     # not tell the user to restore files or roll the table back.
-    table = new_table(memory_uri)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(memory_uri)
     faults = Faults().plan("open_read", *[BEFORE] * FaultyStorage.RETRY_ATTEMPTS, where=r"part=b/00000001-")
     with pytest.raises(nbcc.DataFileError, match="run the read again") as err:
         faulty_table(table, faults).read()

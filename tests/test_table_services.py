@@ -113,6 +113,14 @@ def new_table(uri: str, **kw) -> nbcc.Table:
     return nbcc.Table.create(uri, SCHEMA, "id", ordering_field="ts", partition_by="part", **kw)
 
 
+def table_with_rows(uri: str, **kw) -> tuple[nbcc.Table, Ref]:
+    """A new table (new_table's) and its reference, after one commit of KEYS."""
+    table = new_table(uri, **kw)
+    ref = Ref()
+    ref.write(table, KEYS, "c0")
+    return table, ref
+
+
 # -- child processes ---------------------------------------------------------------------------
 
 # Shared by the child scripts: write JSON to a file atomically (the parent polls for it).
@@ -383,9 +391,7 @@ def test_a_live_writer_is_never_rolled_back_and_a_killed_one_is_once_its_heartbe
     # The live child beats every 0.3 s: a timeout of 6 s leaves room for a child starved of CPU
     # for seconds on a loaded machine, which must not pass for a dead one.
     timeout_s = 6
-    table = new_table(uri, heartbeat_timeout_s=timeout_s)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri, heartbeat_timeout_s=timeout_s)
     expected = ref.expected()
     _, pending_rows = ref.batch([0, 1, 2, 3, 100, 101], "never")  # 100, 101: keys no commit has
 
@@ -444,9 +450,7 @@ def _open_write(table: nbcc.Table, ref: Ref, keys: list[int], tag: str):
 def test_an_instant_that_just_completed_is_never_rolled_back(local_table, monkeypatch):
     """HUDI-5675: re-read the timeline before rolling back; a completed write is not failed."""
     uri, _ = local_table
-    table = new_table(uri)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri)
 
     # Rolling back a completed instant on request: refused.
     data, rows = ref.batch([1, 2, 50], "done")
@@ -493,9 +497,7 @@ def _assert_rolled_back(table: nbcc.Table, txn, expected: list[dict[str, Any]]) 
 
 def test_a_slow_writer_rolled_back_after_its_heartbeat_expired_cannot_commit(local_table):
     uri, _ = local_table
-    table = new_table(uri)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri)
     expected = ref.expected()
 
     txn, files, _ = _open_write(table, ref, [0, 1, 2, 60, 61], "slow")  # no heartbeat after begin
@@ -522,9 +524,7 @@ def test_a_writer_whose_write_was_rolled_back_by_hand_is_told_so(local_table):
     # The error said "its heartbeat expired, or its job aborted" whatever the cause; it now
     # quotes the reason the rollback mark records, and says that much when the mark is unreadable.
     uri, _ = local_table
-    table = new_table(uri)
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(uri)
     expected = ref.expected()
     txn, files, _ = _open_write(table, ref, [0, 1, 70], "manual")
     assert table.rollback(txn.instant) is True
@@ -978,9 +978,7 @@ def test_inline_compaction_finishes_a_compaction_that_nothing_executes(tmp_path,
     # writers left it alone for good (it was "the job's"), and log files piled up. Now one that
     # sees it abandoned (no heartbeat within heartbeat_timeout_s) finishes it; one being
     # executed (a fresh heartbeat) is left to its executor.
-    table = new_table(str(tmp_path / "t"))
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(str(tmp_path / "t"))
     left = table.schedule_compaction()  # its executor dies before running it
     inline = {"compaction_delta_commits": 1, "compaction_inline": True}
     nbcc.heartbeat.beat(table.storage, left)  # as an executor in progress does
@@ -1001,9 +999,7 @@ def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeo
     # Its failed execution leaves its heartbeat: inline writers do not run it again after every
     # commit, only once nothing has beaten for heartbeat_timeout_s.
     import nbcc.compaction
-    table = new_table(str(tmp_path / "t"))
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(str(tmp_path / "t"))
     tc = table.schedule_compaction()
     runs = []
 
@@ -1023,9 +1019,7 @@ def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeo
     assert snapshot(table) == ref.expected()
 
 def test_a_scheduling_only_writer_says_when_a_compaction_stays_pending(tmp_path, caplog):
-    table = new_table(str(tmp_path / "t"))
-    ref = Ref()
-    ref.write(table, KEYS, "c0")
+    table, ref = table_with_rows(str(tmp_path / "t"))
     left = table.schedule_compaction()
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)
     with caplog.at_level("WARNING", logger="nbcc.table"):
