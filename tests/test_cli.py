@@ -274,7 +274,7 @@ def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table
         table.read(as_of=too_old)
     code, out, err = run(capsys, "slices", uri, "--as-of", too_old)
     assert code == 1 and out == ""
-    assert err.startswith("nbcc: error: ") and window in err
+    assert err.startswith("nbcc: error: --as-of=") and window in err  # names the flag given
     assert run(capsys, "slices", uri, "--as-of", window)[0] == 0
 
 

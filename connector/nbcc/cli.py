@@ -128,10 +128,7 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 def cmd_slices(args: argparse.Namespace) -> int:
     table = _open(args)
-    as_of = None
-    if args.as_of is not None:
-        as_of = parse_time_option(args.as_of, "--as-of")  # file_slices checks how old it may be
-    slices = table.file_slices(as_of=as_of)
+    slices = table._file_slices(args.as_of, "--as-of")
     if args.json:
         _print_json([{"partition": s.partition, "file_group": s.file_group_id, "base_instant": s.base_instant,
                       "base_file": s.base_file, "log_files": list(s.log_files)} for s in slices])

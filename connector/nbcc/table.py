@@ -338,13 +338,13 @@ class Table:
         use = _bool_option("use_metadata_table")(use_metadata_table) if use_metadata_table is not None else None
         return load_index(self.storage, use)
 
-    def _view(self, when: str | None, check: bool = False) -> TableView:
+    def _view(self, when: str | None, check: str | None = None) -> TableView:
         """The table as of `when`: the metadata table is read before the timeline is listed
-        (format.md §18.5); with `check`, `when` must be readable."""
+        (format.md §18.5); with `check` (the option's name for errors), `when` must be readable."""
         index = self._index(None)
         timeline = Timeline.load(self.storage)
         if check and when is not None:
-            check_readable(self.storage, timeline, when, "as_of")
+            check_readable(self.storage, timeline, when, check)
         return table_view(self.storage, self.config, timeline, when, index)
 
     def plan(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
@@ -398,8 +398,12 @@ class Table:
 
     def file_slices(self, as_of: Any = None) -> list[FileSlice]:
         """The latest file slice of every file group, by partition and file group."""
-        when = parse_time_option(as_of, "as_of") if as_of is not None else None
-        view = self._view(when, check=True)
+        return self._file_slices(as_of, "as_of")
+
+    def _file_slices(self, as_of: Any, name: str) -> list[FileSlice]:
+        """`file_slices`, its errors naming the time `name` (the CLI's flag, say)."""
+        when = parse_time_option(as_of, name) if as_of is not None else None
+        view = self._view(when, check=name)
         return [slices[0] for _, slices in sorted(slices_by_group(self.storage, view).items())]
 
     def __repr__(self) -> str:
