@@ -22,7 +22,8 @@ import nbcc
 from nbcc import bloom
 from nbcc.index_view import read_rows
 from nbcc.metadata_table import COLUMN_STATS, FILES, KEY_FILTERS, KINDS, open_metadata_table, read_states
-from nbcc.scan import ReadOptions, oldest_readable, read_plan, read_schema
+from nbcc.scan import ReadOptions, read_plan, read_schema
+from nbcc.view import oldest_readable
 from nbcc.schema import merge_added_columns, schema_from_json
 from nbcc.timeline import DATA_ACTIONS, Timeline, read_commit_metadatas
 from nbcc.writer import prepare

@@ -41,7 +41,7 @@ import pytest
 
 import nbcc
 import nbcc.writer
-from nbcc.scan import table_schema
+from nbcc.view import table_schema
 from nbcc.schema import schema_to_json
 from nbcc.timeline import Instant
 

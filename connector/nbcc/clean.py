@@ -28,7 +28,7 @@ from .config import TableConfig
 from .filenames import data_file_path, parse_data_file
 from .metadata_table import open_metadata_table, prune, upkeep
 from .rollback import partition_folders, rollback_failed_writes
-from .scan import files_to_merge, slices_by_group, table_view
+from .scan import files_to_merge
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -41,6 +41,7 @@ from .timeline import (
     is_completed,
     read_compaction_plan,
 )
+from .view import slices_by_group, table_view
 
 DEFAULT_RETAIN_COMMITS = 10
 log = logging.getLogger(__name__)

@@ -29,7 +29,6 @@ from .heartbeat import Heartbeat, idle_ms, interval_s
 from .merge import one_row_per_key
 from .metadata_table import index_commit
 from .reader import iter_files
-from .scan import slices_by_group, table_view
 from .expr import supported_type
 from .schema import IS_DELETED_COL, file_schema, schema_from_json, schema_to_json
 from .storage import Storage
@@ -46,6 +45,7 @@ from .timeline import (
     is_completed,
     read_compaction_plan,
 )
+from .view import slices_by_group, table_view
 from .writer import column_encodings, parquet_writer, update_stats
 
 log = logging.getLogger(__name__)

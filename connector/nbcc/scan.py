@@ -3,9 +3,8 @@
 A read is planned from one listing of the timeline into `ScanTask`s, one per file group (a Spark
 input partition each), and each task is read independently.
 
-- Time travel (`as_of=T`, RFC-66): only commits whose completion time is <= T exist; a commit
-  that started before T but completed after it is treated as pending. The latest file slice per
-  file group is then exactly the state at T.
+- Snapshot and time travel (`as_of=T`) read the latest file slice of each file group in the
+  table as of T (view.py).
 - Incremental (`begin`, `end`]: the data commits that completed in the range say which record
   keys changed; the result is their merged state as of `end` (`latest_state`) or their state as
   of `begin` and as of `end` side by side (`cdc`). Only file groups the range touched are read.
@@ -22,13 +21,11 @@ input partition each), and each task is read independently.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import itertools
 import os
-import threading
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -39,7 +36,7 @@ from .clock import parse_time_option
 from .config import COMMIT_TIME, PARTIAL_UPDATE, TableConfig, _bool_option
 from .errors import InvalidOptionError
 from .expr import Predicate, conjunction, parse_filter
-from .file_slices import FileSlice, build_file_slices
+from .file_slices import FileSlice
 from .filenames import parse_data_file
 from .index_view import MetadataIndex, load_index
 from .metadata_table import COLUMN_STATS, FILES, KEY_FILTERS
@@ -50,25 +47,11 @@ from .schema import (
     RECORD_KEY_COL,
     constant_strings,
     file_schema,
-    merge_added_columns,
     null_array,
-    schema_from_json,
 )
 from .storage import Storage
-from .timeline import (
-    CLEAN,
-    COMPACTION,
-    COMPACTION_COMMIT,
-    DATA_ACTIONS,
-    INDEXING,
-    REPLACE_COMMIT,
-    Instant,
-    Timeline,
-    earliest_retained,
-    read_commit_metadata,
-    read_commit_metadatas,
-    read_compaction_plan,
-)
+from .timeline import DATA_ACTIONS, REPLACE_COMMIT, Timeline, earliest_retained, read_commit_metadata
+from .view import TableView, check_readable, schema_as_of, slices_by_group, table_view
 
 SNAPSHOT, INCREMENTAL, READ_OPTIMIZED = "snapshot", "incremental", "read_optimized"
 QUERY_TYPES = (SNAPSHOT, INCREMENTAL, READ_OPTIMIZED)
@@ -148,191 +131,6 @@ class ReadOptions:
     @property
     def is_cdc(self) -> bool:
         return self.query_type == INCREMENTAL and self.incremental_format == CDC
-
-
-# -- the table as of a time --------------------------------------------------------------------
-
-@dataclass
-class TableView:
-    """The timeline restricted to what had completed at `as_of` (None: everything)."""
-
-    completed: list[Instant]  # completion order
-    metas: dict[str, dict[str, Any]]  # instant -> commit metadata
-    completion: dict[str, str | None]  # instant -> completion time, None if not completed by as_of
-    pending_compactions: list[str]  # compaction instants scheduled by as_of, not completed by it
-    schema: pa.Schema
-    overwrite_cutoff: str | None  # completion time of the latest overwrite
-
-    def file_info(self) -> dict[tuple[str, str], dict[str, Any]]:
-        """(partition, file name) -> its descriptor in the commit metadata. One commit writes
-        files of the same name in every partition it touches, so the name alone is ambiguous."""
-        return {(f["partition"], f["name"]): f for meta in self.metas.values() for f in meta["files"]}
-
-
-def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None,
-               index: MetadataIndex | None = None) -> TableView:
-    """The table as of `as_of`. With an `index` whose `files` partition is ready, the schema and
-    files of the instants it covers come from it instead of their commit files."""
-    completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
-    metas = _metadata(storage, completed, index)
-    schema = table_schema(storage, config, completed, lambda new: metas)
-    done = {i.instant: i.completion for i in completed}
-    completion = {i.instant: done.get(i.instant) for i in timeline.instants}
-    pending = [i.instant for i in timeline.instants
-               if i.action in (COMPACTION, COMPACTION_COMMIT) and (as_of is None or i.instant <= as_of)
-               and i.instant not in done and i.state != "rolledback"]
-    cutoff = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
-    return TableView(completed, metas, completion, pending, schema, cutoff)
-
-
-@dataclass(frozen=True)
-class _SchemaFold:
-    """The schema that a run of completed commits (in completion order) makes."""
-
-    base: pa.Schema  # the table's created schema
-    instants: list[tuple[str, str]]  # (instant, completion) of the commits folded, in completion order
-    name_sets: frozenset[tuple[str, ...]]  # the column name sets their schemas had
-    schema: pa.Schema
-
-
-# Storage uri -> the longest fold a call here made. Completion times are issued in increasing
-# order, so a later listing's completed commits usually extend that run, and only the new ones
-# are folded: a writer's schema look-up (every commit begins with one) does not re-read every
-# commit of a long timeline. When they do not (a listing that missed a commit, a commit whose
-# lock lease ran out before it was published, a table made again at the same path), the run is
-# not a prefix of the new one and the fold starts over. The tables used last are kept.
-_SCHEMA_FOLDS: "OrderedDict[str, _SchemaFold]" = OrderedDict()
-_SCHEMA_FOLDS_LOCK = threading.Lock()
-_SCHEMA_FOLDS_KEPT = 64  # tables; a fold holds the ids of its table's completed commits
-
-
-def table_schema(storage: Storage, config: TableConfig, completed: list[Instant],
-                 metas_of: Callable[[list[Instant]], Mapping[str, Mapping[str, Any]]]) -> pa.Schema:
-    """The table's schema after the `completed` commits (completion order): the created schema
-    plus the columns they added. `metas_of(instants)`: their metadata by instant, asked only for
-    the commits this process has not folded yet."""
-    keys = [(i.instant, i.completion) for i in completed]
-    with _SCHEMA_FOLDS_LOCK:
-        fold = _SCHEMA_FOLDS.get(storage.uri)
-    if fold is None or keys[:len(fold.instants)] != fold.instants or not fold.base.equals(config.schema):
-        fold = _SchemaFold(config.schema, [], frozenset(), config.schema)  # not a prefix: fold anew
-    new = completed[len(fold.instants):]
-    if not new:
-        return fold.schema
-    metas = metas_of(new)
-    seen = set(fold.name_sets)
-    schema = merge_added_columns(fold.schema, _new_schemas((metas[i.instant] for i in new), seen))
-    done = _SchemaFold(config.schema, keys, frozenset(seen), schema)
-    with _SCHEMA_FOLDS_LOCK:
-        current = _SCHEMA_FOLDS.get(storage.uri)
-        if current is None or len(keys) >= len(current.instants):  # a time travel's shorter fold is not kept
-            _SCHEMA_FOLDS[storage.uri] = done
-            _SCHEMA_FOLDS.move_to_end(storage.uri)
-            if len(_SCHEMA_FOLDS) > _SCHEMA_FOLDS_KEPT:
-                _SCHEMA_FOLDS.popitem(last=False)
-    return schema
-
-
-# Fewer commits than this left to fold are read from their completed files (on S3 one request
-# each, 10 at a time): fewer requests than reading the metadata table's files.
-_FOLD_FROM_INDEX = 16
-
-
-def schema_as_of(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None,
-                 index: MetadataIndex | None = None,
-                 index_of: Callable[[], MetadataIndex | None] = lambda: None) -> pa.Schema:
-    """The table's schema as of `as_of` (None: now), without the rest of its view. The commits
-    this process has not folded yet are read from `index`, a metadata table already read; without
-    one, `index_of()` reads it only when many commits are left to fold. (A commit's schema is the
-    same in both places and no clean removes it, so unlike a file list it may be read after the
-    listing, §18.5.)"""
-    completed = [i for i in timeline.completed() if as_of is None or i.completion <= as_of]
-
-    def metas_of(new: list[Instant]) -> dict[str, dict[str, Any]]:
-        source = index
-        if source is None and len(new) >= _FOLD_FROM_INDEX:
-            source = index_of()
-        return _metadata(storage, new, source, files=False)
-
-    return table_schema(storage, config, completed, metas_of)
-
-
-def _new_schemas(metas: Iterable[Mapping[str, Any]], seen: set[tuple[str, ...]]) -> Iterator[pa.Schema]:
-    """The commit schemas that can add a column, in order: a schema whose column names were all
-    `seen` before adds nothing (columns are added by name), so each name set is parsed once."""
-    for meta in metas:
-        fields = meta.get("schema")
-        if fields is None:
-            continue
-        names = tuple(f["name"] for f in fields)
-        if names not in seen:
-            seen.add(names)
-            yield schema_from_json(fields)
-
-
-def _metadata(storage: Storage, completed: list[Instant], index: MetadataIndex | None,
-              files: bool = True) -> dict[str, dict[str, Any]]:
-    """The commit metadata of `completed`, from `index` where it covers them; `files=False`:
-    only their schemas are needed (what the index gives then has no `files`)."""
-    if index is None or not index.has(FILES):
-        return read_commit_metadatas(storage, completed)
-    metas = index.file_metas(completed, files)
-    for i in completed:
-        if i.instant not in metas and i.action in (CLEAN, INDEXING):  # they add no files and no columns
-            metas[i.instant] = {"files": []}
-    # Not (yet) indexed: commits that completed after writing no entries.
-    metas.update(read_commit_metadatas(storage, [i for i in completed if i.instant not in metas]))
-    return {i.instant: metas[i.instant] for i in completed}
-
-
-def _visible(inst: Instant, meta: Mapping[str, Any], cutoff: str | None) -> bool:
-    if cutoff is None:
-        return True
-    if inst.action == COMPACTION_COMMIT:
-        return inst.instant >= cutoff  # a compaction planned before an overwrite holds older data
-    return inst.completion >= cutoff
-
-
-def slices_by_group(storage: Storage, view: TableView) -> dict[tuple[str, str], list[FileSlice]]:
-    """(partition, file group) -> its file slices as of the view, newest first."""
-    files: dict[str, list[str]] = defaultdict(list)
-    for inst in view.completed:
-        meta = view.metas[inst.instant]
-        if _visible(inst, meta, view.overwrite_cutoff):
-            for f in meta["files"]:
-                files[f["partition"]].append(f["name"])
-    pending: dict[str, dict[str, str]] = defaultdict(dict)
-    for tc in view.pending_compactions:
-        for op in read_compaction_plan(storage, tc)["operations"]:
-            pending[op["partition"]][op["file_group"]] = tc
-    planned = _PlannedLogs(storage)
-    out: dict[tuple[str, str], list[FileSlice]] = {}
-    for partition in sorted(files):
-        groups = build_file_slices(files[partition], view.completion, partition, pending.get(partition),
-                                   functools.partial(planned, partition))
-        for fg, slices in groups.items():
-            out[(partition, fg)] = slices
-    return out
-
-
-class _PlannedLogs:
-    """`(partition, file group, Tc)` -> the logs compaction `Tc`'s plan lists for the group, for
-    file slicing's check of logs published late; None if the plan cannot be read (a table that
-    another writer compacted). Plans are read (once each) only when slicing asks."""
-
-    def __init__(self, storage: Storage):
-        self.storage = storage
-        self.by_plan: dict[str, dict[tuple[str, str], frozenset[str]] | None] = {}
-
-    def __call__(self, partition: str, file_group: str, tc: str) -> frozenset[str] | None:
-        if tc not in self.by_plan:
-            try:
-                ops = read_compaction_plan(self.storage, tc)["operations"]
-                self.by_plan[tc] = {(op["partition"], op["file_group"]): frozenset(op["log_files"]) for op in ops}
-            except FileNotFoundError:
-                self.by_plan[tc] = None
-        groups = self.by_plan[tc]
-        return None if groups is None else groups.get((partition, file_group), frozenset())
 
 
 # -- plans -------------------------------------------------------------------------------------
@@ -581,28 +379,6 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
             if task is not None:
                 plan.tasks.append(task)
     return plan
-
-
-def oldest_readable(storage: Storage, timeline: Timeline) -> str | None:
-    """The oldest time a read can be as of: the first commit's completion, or the start of the
-    window the cleaner retained."""
-    done = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
-    if not done:
-        return None
-    return max(done[0].completion, earliest_retained(storage, timeline) or "")
-
-
-def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -> None:
-    oldest = oldest_readable(storage, timeline)
-    if oldest is None:
-        raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")
-    if when < oldest:
-        why = ("the start of the window the cleaner retained; older files were deleted"
-               if oldest == earliest_retained(storage, timeline) else "the first commit's completion")
-        raise InvalidOptionError(
-            f"{name}={when} is before the oldest state that can be read, {oldest} ({why}); "
-            "use a time at or after it"
-        )
 
 
 def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline,

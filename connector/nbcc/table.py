@@ -41,21 +41,11 @@ from .filenames import make_token
 from .index_view import MetadataIndex, load_index
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
-from .scan import (
-    ReadOptions,
-    ScanPlan,
-    TableView,
-    check_readable,
-    plan_scan,
-    read_plan,
-    schema_as_of,
-    schema_read,
-    slices_by_group,
-    table_view,
-)
+from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, schema_read
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
+from .view import TableView, check_readable, schema_as_of, slices_by_group, table_view
 from .writer import LogWriter, check_rows, coalesced, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
