@@ -112,7 +112,7 @@ def test_folders_a_write_creates_are_made_durable_in_their_parents(tmp_path, mon
 
 
 def test_a_put_whose_folder_cannot_be_synced_says_it_created_the_file(tmp_path, monkeypatch):
-    import nbcc.storage
+    import nbcc.local_disk
 
     store = Storage(str(tmp_path))
     store.put_if_absent(".nbcc/timeline/a.json", b"{}")  # the folders exist
@@ -121,7 +121,7 @@ def test_a_put_whose_folder_cannot_be_synced_says_it_created_the_file(tmp_path, 
     def failing(path):
         calls.append(path)
         raise OSError(errno.EIO, "injected: the disk could not write", path)
-    monkeypatch.setattr(nbcc.storage, "_fsync_path", failing)
+    monkeypatch.setattr(nbcc.local_disk, "_fsync_path", failing)
     with pytest.raises(StorageError, match=r"created .*b\.json, but could not make its name durable"):
         store.put_if_absent(".nbcc/timeline/b.json", b"{}")
     assert len(calls) == 1  # not retried: the file exists, and fsync again proves nothing

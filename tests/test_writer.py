@@ -143,10 +143,10 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
     # before its commit is published.
     import nbcc.commit
     import nbcc.compaction
-    import nbcc.storage
+    import nbcc.local_disk
 
     events: list[tuple[str, str]] = []
-    real_fsync, real_complete = nbcc.storage._fsync_path, nbcc.commit.create_completed
+    real_fsync, real_complete = nbcc.local_disk._fsync_path, nbcc.commit.create_completed
     sizes: dict[str, int] = {}
 
     def fsync(path):
@@ -154,7 +154,7 @@ def test_every_data_file_is_fsynced_before_the_commit_that_names_it(tmp_path, mo
             sizes[path] = os.path.getsize(path)  # synced once every byte was written
         events.append(("fsync", path))
         real_fsync(path)
-    monkeypatch.setattr(nbcc.storage, "_fsync_path", fsync)
+    monkeypatch.setattr(nbcc.local_disk, "_fsync_path", fsync)
 
     def completing(storage, instant, grant, action, metadata):
         events.append(("commit", instant))
@@ -226,9 +226,9 @@ def test_a_stream_of_small_batches_writes_the_same_table_as_one_big_write(tmp_pa
 def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypatch):
     import errno
 
-    import nbcc.storage
+    import nbcc.local_disk
 
-    real = nbcc.storage._fsync_path
+    real = nbcc.local_disk._fsync_path
 
     def failing(path):
         if os.path.isdir(path):  # the timeline's own puts go through
@@ -237,7 +237,7 @@ def test_a_failed_fsync_fails_the_write_and_publishes_nothing(tmp_path, monkeypa
 
     data = _id_rows(0, 100)
     table = nbcc.Table.create(str(tmp_path / "t"), data.schema, "id", ordering_field="ts", buckets=4)
-    monkeypatch.setattr(nbcc.storage, "_fsync_path", failing)
+    monkeypatch.setattr(nbcc.local_disk, "_fsync_path", failing)
     with pytest.raises(OSError) as failed:  # the files could not be made durable
         table.write(data)
     assert failed.value.errno == errno.EIO

@@ -50,7 +50,7 @@ from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
-from .storage import check_storage_options
+from .storage_options import check_storage_options
 from .table import Table
 from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline
 

@@ -2,8 +2,9 @@
 every metadata change in nbcc is built on.
 
 Put-if-absent is the only primitive the commit protocol needs:
-- local disk: write a hidden temporary file, then `os.link` it to its final name; the link fails
-  atomically when the name exists (fsspec's own `mode="create"` is check-then-write, racy);
+- local disk (local_disk.py): write a hidden temporary file, then `os.link` it to its final
+  name; the link fails atomically when the name exists (fsspec's own `mode="create"` is
+  check-then-write, racy);
 - S3: a conditional PUT (`If-None-Match: *`), which s3fs exposes as `pipe_file(mode="create")`;
 - memory (unit tests only): a check-then-write under a process-wide lock.
 Data files are written with plain writes: their names are unique per writer and they become
@@ -13,7 +14,8 @@ Transient errors (a dropped connection, a timeout, S3 throttling) are retried he
 number of times with jittered exponential backoff; then a `StorageError` names the operation and
 the path. Errors that asking again cannot fix (a missing file, access denied, a name taken) are
 never retried and reach the caller unchanged. Each public method is one retried call of a
-single-attempt primitive (`_*_once`), which is what a test wraps to inject faults.
+single-attempt primitive (`_*_once`), which is what a test wraps to inject faults. The options a
+table's storage is opened with are checked in storage_options.py.
 """
 
 from __future__ import annotations
@@ -21,16 +23,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
-import json
 import logging
 import os
 import random
 import sys
 import threading
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor, wait
-from typing import Any, BinaryIO, Callable, Iterator, Mapping, Sequence, TypeVar
+from typing import Any, BinaryIO, Callable, Iterator, Sequence, TypeVar
 
 import fsspec
 import pyarrow as pa
@@ -42,7 +41,10 @@ from fsspec.implementations.memory import MemoryFileSystem
 from fsspec.spec import AbstractBufferedFile
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
-from .errors import InvalidOptionError, NbccError, StorageError
+from . import local_disk
+from .errors import NbccError, StorageError
+from .local_disk import TMP_PREFIX
+from .storage_options import filesystem_options
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,6 @@ log = logging.getLogger(__name__)
 # deletes, take this lock.
 _MEMORY_LOCK = threading.Lock()
 _T = TypeVar("_T")
-
-TMP_PREFIX = ".nbcc-tmp-"
 
 # errno values of failures that may pass if asked again. EBUSY is how s3fs reports S3's 503
 # SlowDown and 409 conflicts, EREMOTEIO its 500 InternalError. Plain EIO is left out: on a
@@ -121,135 +121,6 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, _TakenThenFreed) or is_transient(exc)
 
 
-# S3 options whose values are text, however they look (a digit-only key or secret is one).
-_S3_TEXT_OPTIONS = frozenset({"key", "secret", "token", "username", "password", "profile", "endpoint_url",
-                              "region_name"})
-# Options s3fs takes through **kwargs: fsspec's listing cache and the botocore session's profile.
-_S3_EXTRA_OPTIONS = frozenset({"use_listings_cache", "listings_expiry_time", "max_paths", "profile",
-                               "skip_instance_cache"})
-# Not options a user can give as text, or ones nbcc must own.
-_S3_REFUSED_OPTIONS = frozenset({"self", "kwargs", "asynchronous", "loop", "session"})
-
-
-def _s3_parameters() -> dict[str, Any]:
-    import inspect
-
-    import s3fs
-
-    return dict(inspect.signature(s3fs.S3FileSystem.__init__).parameters)
-
-
-@functools.lru_cache(maxsize=None)
-def _s3_option_names() -> frozenset[str]:
-    return (frozenset(_s3_parameters()) - _S3_REFUSED_OPTIONS) | _S3_EXTRA_OPTIONS | {"region_name"}
-
-
-# Options s3fs takes as dicts: client_kwargs, config_kwargs, s3_additional_kwargs. Their default
-# is None, so the signature cannot tell; s3fs names every dict it hands on to botocore `*_kwargs`.
-_S3_DICT_SUFFIX = "_kwargs"
-# Boolean options that s3fs takes through **kwargs, so no signature default tells their type.
-_S3_EXTRA_BOOL_OPTIONS = frozenset({"use_listings_cache", "skip_instance_cache"})
-
-
-@functools.lru_cache(maxsize=None)
-def _s3_option_kinds() -> tuple[frozenset[str], frozenset[str]]:
-    """(dict options, boolean options) of s3fs.S3FileSystem. A parameter whose default is a
-    bool is a boolean: s3fs would take any other value (a string "maybe") as true."""
-    params = _s3_parameters()
-    dicts = frozenset(n for n in params if n.endswith(_S3_DICT_SUFFIX)) - _S3_REFUSED_OPTIONS
-    bools = frozenset(n for n, p in params.items() if isinstance(p.default, bool)) - _S3_REFUSED_OPTIONS
-    return dicts, bools | _S3_EXTRA_BOOL_OPTIONS
-
-
-def _coerce(name: str, value: Any) -> Any:
-    """Option values arrive as strings from Spark and the CLI; fsspec wants booleans, numbers
-    and, for s3fs's `client_kwargs` and the like, dicts (given as JSON objects). A dict or
-    boolean option given as anything else is refused here: s3fs would fail later with a raw
-    AttributeError, or take any text as true."""
-    dicts, bools = _s3_option_kinds()
-    if name in dicts:
-        if isinstance(value, str):
-            try:
-                parsed = json.loads(value)
-            except ValueError as exc:
-                raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object ({exc}); "
-                                         f"give one, e.g. {name}={{\"key\": \"value\"}}") from None
-        else:
-            parsed = value
-        if parsed is None and not isinstance(value, str):  # s3fs's default, from Python
-            return None
-        if not isinstance(parsed, dict):
-            raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object; give one, "
-                                     f"e.g. {name}={{\"key\": \"value\"}}")
-        return parsed
-    if name in bools:
-        low = value.strip().lower() if isinstance(value, str) else value
-        if low in ("true", "false"):
-            return low == "true"
-        if isinstance(value, bool):
-            return value
-        raise InvalidOptionError(f"storage option {name}={value!r} is not a boolean; give true or false")
-    if not isinstance(value, str) or name in _S3_TEXT_OPTIONS:
-        return value
-    text = value.strip()
-    if text.startswith("{"):
-        try:
-            parsed = json.loads(text)
-        except ValueError as exc:
-            raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object: {exc}") from None
-        if not isinstance(parsed, dict):
-            raise InvalidOptionError(f"storage option {name}={value!r} is not a JSON object")
-        return parsed
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    try:
-        return int(text)
-    except ValueError:
-        return value
-
-
-def check_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
-    """`options` checked (an unknown name, or a dict or boolean option given as anything else, is
-    an InvalidOptionError) and coerced from text to what s3fs takes."""
-    valid = _s3_option_names()
-    unknown = sorted(set(options) - valid)
-    if unknown:
-        raise InvalidOptionError(
-            f"unknown S3 storage option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the options "
-            f"are those of s3fs.S3FileSystem: {', '.join(sorted(valid))}")
-    return {name: _coerce(name, value) for name, value in options.items()}
-
-
-def _filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
-    """The fsspec options for `uri`: checked (an unknown name is an error, not ignored) and
-    coerced; a table not on S3 takes none, and ignores S3 options. On S3, fsspec's listing
-    cache is off unless asked for: it never expires, so a long-lived process would go on missing
-    files that other processes committed."""
-    s3 = fsspec.utils.get_protocol(uri) in ("s3", "s3a")
-    if not options:
-        return {"use_listings_cache": False} if s3 else {}
-    try:
-        # Checked on any table: the same settings would fail on an S3 table.
-        opts = check_storage_options(options)
-    except ImportError as exc:
-        raise StorageError(f"cannot open storage for {uri!r}: {exc}; install s3fs") from exc
-    if not s3:
-        # One job's settings often serve S3 and local tables alike: S3 options mean nothing here.
-        log.debug("storage options %s ignored: %s is not on S3", sorted(options), uri)
-        return {}
-    endpoint = opts.get("endpoint_url")
-    if endpoint is not None and not str(endpoint).lower().startswith(("http://", "https://")):
-        raise InvalidOptionError(f"storage option endpoint_url={endpoint!r} needs its scheme: "
-                                 f"http://{endpoint} or https://{endpoint}")
-    region = opts.pop("region_name", None)
-    if region is not None:  # s3fs takes it only inside client_kwargs
-        client = opts.get("client_kwargs") or {}  # a dict: _coerce checked it
-        opts["client_kwargs"] = {**client, "region_name": region}
-    opts.setdefault("use_listings_cache", False)
-    return opts
-
-
 class Storage:
     """A table's storage: relative paths (`".nbcc/table.json"`) resolve under the table root."""
 
@@ -265,7 +136,7 @@ class Storage:
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None):
         self.uri = str(uri).rstrip("/") or "/"
         self.storage_options = dict(storage_options or {})
-        opts = _filesystem_options(self.uri, self.storage_options)
+        opts = filesystem_options(self.uri, self.storage_options)
         try:
             self.fs, self.root = fsspec.core.url_to_fs(self.uri, **opts)
         except (ImportError, ValueError, TypeError) as exc:
@@ -459,7 +330,7 @@ class Storage:
             except FileNotFoundError:
                 raise _TakenThenFreed(path) from None  # deleted since: the name is free again
             if own and durable and self.is_local:
-                _fsync_created(path)  # the earlier attempt may have failed before doing so
+                local_disk.fsync_created(path)  # the earlier attempt may have failed before doing so
             return own
 
         return self._retry("put-if-absent", path, attempt, retry_on=_retryable,
@@ -479,7 +350,7 @@ class Storage:
 
     def _put_once(self, path: str, data: bytes, durable: bool = True, give_up_at: float | None = None) -> bool:
         if self.is_local:
-            return self._local_put_if_absent(path, data, durable)
+            return local_disk.put_if_absent(path, data, durable)
         if self.is_memory:
             with _MEMORY_LOCK:
                 if self.fs.exists(path):
@@ -490,25 +361,6 @@ class Storage:
             self._pipe(path, data, give_up_at, mode="create")
         except FileExistsError:
             return False
-        return True
-
-    @staticmethod
-    def _local_put_if_absent(path: str, data: bytes, durable: bool = True) -> bool:
-        # The bytes are fsynced even when the name need not be durable: a name that survives a
-        # power failure must never come back on an empty file.
-        tmp = _temporary_file(path, data, sync=True)
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        except OSError as exc:
-            if exc.errno == errno.EEXIST:
-                return False
-            raise
-        finally:
-            _unlink_if_there(tmp)
-        if durable:
-            _fsync_created(path)
         return True
 
     def replace(self, rel: str, data: bytes, durable: bool = True, deadline: float | None = None,
@@ -524,16 +376,7 @@ class Storage:
 
     def _replace_once(self, path: str, data: bytes, durable: bool = True, give_up_at: float | None = None) -> None:
         if self.is_local:
-            # Unsynced bytes could come back as an empty file under the new name (the rename
-            # can reach the disk before the delayed data).
-            tmp = _temporary_file(path, data, sync=durable)
-            try:
-                os.replace(tmp, path)
-            except BaseException:
-                _unlink_if_there(tmp)
-                raise
-            if durable:
-                _fsync_created(path)
+            local_disk.replace(path, data, durable)
             return
         self._pipe(path, data, give_up_at)
 
@@ -623,38 +466,15 @@ class Storage:
 
     def _open_write_once(self, path: str) -> BinaryIO:
         if self.is_local:
-            _make_folders(os.path.dirname(path))
-            return open(path, "wb")
+            return local_disk.open_new(path)
         return self.fs.open(path, "wb")
 
     def make_durable(self, rels: Sequence[str]) -> None:
-        """Make written and closed data files durable, before a commit points at them. On local
-        disk each is fsynced, and then the directories that hold them (a new file's name is
-        durable only once its directory is), all at once: ext4 commits concurrent fsyncs in
-        shared journal transactions (a commit's 16 small files took 3.8 ms one after another,
-        1.9 ms together). A file closed on an object store is durable already."""
-        if not self.is_local or not rels:
-            return
-        files = [self.full_path(rel) for rel in rels]
-        self._fsync_all(files)
-        if _DIRECTORY_FSYNC:
-            self._fsync_all(sorted({os.path.dirname(p) for p in files}))
-
-    @staticmethod
-    def _fsync_all(paths: Sequence[str]) -> None:
-        futures = None
-        if len(paths) > 1:
-            try:
-                futures = [_sync_pool().submit(_fsync_path, p) for p in paths]
-            except RuntimeError:  # interpreter shutting down (a write from an atexit handler): no new threads
-                pass
-        if futures is None:
-            for p in paths:
-                _fsync_path(p)
-            return
-        wait(futures)  # all of them, so that none still runs once this returns or raises
-        for f in futures:
-            f.result()
+        """Make written and closed data files durable, before a commit points at them: on local
+        disk, fsync them and their folders (local_disk.py). A file closed on an object store is
+        durable already."""
+        if self.is_local and rels:
+            local_disk.make_durable([self.full_path(rel) for rel in rels])
 
     def arrow_filesystem(self) -> pafs.FileSystem:
         """A pyarrow filesystem for reading Parquet: pyarrow's native one for local disk (fast,
@@ -846,101 +666,6 @@ class _DataSink:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_SYNC_THREADS = 16
-_sync_pool_state: dict[str, Any] = {"pool": None, "lock": threading.Lock()}
-
-
-def _sync_pool() -> ThreadPoolExecutor:
-    """The process's fsync threads, started once: starting 16 threads for every commit cost
-    more CPU than the fsyncs themselves (16 files of 200 kB: 3.8 CPU-ms a commit, 1.4 kept)."""
-    state = _sync_pool_state
-    with state["lock"]:
-        if state["pool"] is None:
-            state["pool"] = ThreadPoolExecutor(max_workers=_SYNC_THREADS, thread_name_prefix="nbcc-fsync")
-        return state["pool"]
-
-
-def _forget_sync_pool() -> None:
-    # A forked child (Spark's Python workers are forked) has none of its parent's threads.
-    _sync_pool_state.update(pool=None, lock=threading.Lock())
-
-
-os.register_at_fork(after_in_child=_forget_sync_pool)
-
-
-def _fsync_path(path: str) -> None:
-    """fsync a file or a directory (through any descriptor: it flushes the data and names)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-# Windows cannot open a directory with os.open; there a new name is as durable as NTFS makes it.
-_DIRECTORY_FSYNC = os.name != "nt"
-
-
-def _fsync_dir(path: str) -> None:
-    if _DIRECTORY_FSYNC:
-        _fsync_path(path)
-
-
-def _make_folders(folder: str) -> None:
-    """`os.makedirs`, and each folder it creates made durable in its parent: a file's name is
-    durable only when every folder on its path is (a new partition's first data files, a new
-    table's first instant)."""
-    missing = []
-    at = folder
-    while at and not os.path.isdir(at):
-        missing.append(at)
-        parent = os.path.dirname(at)
-        if parent == at:
-            break
-        at = parent
-    if not missing:
-        return
-    os.makedirs(folder, exist_ok=True)
-    for created in reversed(missing):  # another process may have made some: syncing again is harmless
-        _fsync_dir(os.path.dirname(created))
-
-
-def _unlink_if_there(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _temporary_file(path: str, data: bytes, sync: bool) -> str:
-    """A hidden file holding `data` in `path`'s folder (made if missing), fsynced if `sync`:
-    the content that a link or rename then gives `path` whole."""
-    parent = os.path.dirname(path)
-    _make_folders(parent)
-    tmp = os.path.join(parent, f"{TMP_PREFIX}{uuid.uuid4().hex}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            if sync:
-                f.flush()
-                os.fsync(f.fileno())
-    except BaseException:
-        _unlink_if_there(tmp)
-        raise
-    return tmp
-
-
-def _fsync_created(path: str) -> None:
-    """fsync the folder of a file that was just created or renamed into place, so that its
-    name survives a power failure. The file exists whatever happens here,
-    so a failure is not one that asking again could fix: it says so, and is never retried."""
-    try:
-        _fsync_dir(os.path.dirname(path))
-    except OSError as exc:
-        raise StorageError(f"created {path}, but could not make its name durable (fsync of its "
-                           f"folder failed: {exc}); check the disk") from exc
 
 
 def is_not_found(exc: BaseException) -> bool:
