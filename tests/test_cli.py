@@ -278,6 +278,29 @@ def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table
     assert run(capsys, "slices", uri, "--as-of", window)[0] == 0
 
 
+def test_a_later_clean_that_retains_more_commits_keeps_the_window_where_it_is(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=5)
+    window = completion_of(table, written[-2])
+    assert run(capsys, "clean", uri, "--retain-commits", "2")[0] == 0
+    clean_instants = [i.instant for i in table.timeline() if i.action == "clean"]
+
+    # The last 4 commits start before the window, but what reads there needed is deleted:
+    # the window stays, and the clean says so instead of promising reads it cannot serve.
+    result = table.clean(retain_commits=4)
+    assert result["earliest_retained"] == window
+    assert result["retain_commits_start"] == completion_of(table, written[-4])
+    assert [i.instant for i in table.timeline() if i.action == "clean"] == clean_instants  # nothing new
+    code, out, _ = run(capsys, "clean", uri, "--retain-commits", "4")
+    assert code == 0
+    assert (f"retained window starts at {window}, where an earlier clean put it (the last 4 data commits start "
+            f"at {completion_of(table, written[-4])}") in out
+    assert run(capsys, "slices", uri, "--as-of", window)[0] == 0
+    assert run(capsys, "slices", uri, "--as-of", completion_of(table, written[-4]))[0] == 1
+    code, out, _ = run(capsys, "clean", uri, "--retain-commits", "10")
+    assert "where an earlier clean put it (the table has 10 or fewer data commits" in out
+
+
 def test_clean_with_few_commits_deletes_nothing(local_table, capsys):
     uri, _ = local_table
     make_table(uri, commits=2)

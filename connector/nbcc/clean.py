@@ -106,21 +106,28 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
           retain_commits: int = DEFAULT_RETAIN_COMMITS, heartbeat_timeout_s: float | None = None,
           progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
     """Roll back expired writes, then delete what the retained window does not need. Returns the
-    clean's metadata (what was deleted); `progress(done, total)` is called while deleting."""
+    clean's metadata (what was deleted; `earliest_retained`: where the window starts now, which
+    an earlier clean may have put later than the last `retain_commits` data commits), and
+    `retain_commits_start`, where those commits start. `progress(done, total)` is called while
+    deleting."""
     if int(retain_commits) < 1:
         raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
     rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
     _finish_pending_cleans(storage, clock)
-    plan = plan_clean(storage, config, retain_commits)
-    result: dict[str, Any] = {"action": CLEAN, "earliest_retained": plan.earliest_retained,
+    timeline = Timeline.load(storage)
+    plan = plan_clean(storage, config, retain_commits, timeline)
+    # The window never moves back: an earlier clean with fewer retained commits deleted what
+    # reads before its window needed. (Readers take the greatest window of all cleans anyway.)
+    current = earliest_retained(storage, timeline)
+    window = max((w for w in (plan.earliest_retained, current) if w is not None), default=None)
+    result: dict[str, Any] = {"action": CLEAN, "earliest_retained": window,
                               "deleted": [], "rolled_back": rolled_back, "files": []}
-    if not plan.delete and plan.earliest_retained in (None, earliest_retained(storage, Timeline.load(storage))):
+    if not plan.delete and window == current:
         _index_in_step(storage)
-        return result  # nothing new: no clean instant
+        return {**result, "retain_commits_start": plan.earliest_retained}  # nothing new: no clean instant
     instant = clock.new_instant()
-    body = {"instant": instant, "earliest_retained": plan.earliest_retained,
-            "delete": [list(d) for d in plan.delete]}
+    body = {"instant": instant, "earliest_retained": window, "delete": [list(d) for d in plan.delete]}
     storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}", json.dumps(body).encode())
     for n, (part, name) in enumerate(plan.delete, 1):
         storage.delete(data_file_path(part, name))
@@ -130,7 +137,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
     _index_in_step(storage)
-    return result
+    return {**result, "retain_commits_start": plan.earliest_retained}
 
 
 def _index_in_step(storage: Storage) -> None:

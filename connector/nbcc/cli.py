@@ -212,9 +212,15 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if result.get("earliest_retained") is None:
         # Orphans (files no commit lists) are deleted all the same.
         print(f"no retained window yet: the table has {args.retain_commits} or fewer data commits")
-    else:
+    elif result["earliest_retained"] == result.get("retain_commits_start"):
         print(f"retained window starts at {result['earliest_retained']} "
               f"(the last {args.retain_commits} data commits)")
+    else:  # a clean never moves the window back: what reads before it needed is gone
+        start = result.get("retain_commits_start")
+        why = (f"the last {args.retain_commits} data commits start at {start}" if start
+               else f"the table has {args.retain_commits} or fewer data commits")
+        print(f"retained window starts at {result['earliest_retained']}, where an earlier clean put it "
+              f"({why}, but files that reads before the window needed were deleted)")
     deleted = len(result.get("deleted") or [])
     print(f"deleted {deleted} file{'' if deleted == 1 else 's'}")
     return 0
