@@ -640,6 +640,10 @@ def test_a_local_table_refuses_s3_option_values_of_the_wrong_form_too(tmp_path):
     uri = str(tmp_path / "t")
     with pytest.raises(InvalidOptionError, match="storage option anon='maybe' is not a boolean"):
         nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options={"anon": "maybe"})
+    with pytest.raises(InvalidOptionError, match=r"endpoint_url='127.0.0.1:9000' needs its scheme: "
+                                                 r"http://127.0.0.1:9000 or https://"):
+        nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id",
+                          storage_options={"endpoint_url": "127.0.0.1:9000"})
     assert not os.path.exists(uri)
 
 

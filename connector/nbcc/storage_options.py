@@ -117,7 +117,12 @@ def check_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
         raise InvalidOptionError(
             f"unknown S3 storage option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; the options "
             f"are those of s3fs.S3FileSystem: {', '.join(sorted(valid))}")
-    return {name: _coerce(name, value) for name, value in options.items()}
+    opts = {name: _coerce(name, value) for name, value in options.items()}
+    endpoint = opts.get("endpoint_url")
+    if endpoint is not None and not str(endpoint).lower().startswith(("http://", "https://")):
+        raise InvalidOptionError(f"storage option endpoint_url={endpoint!r} needs its scheme: "
+                                 f"http://{endpoint} or https://{endpoint}")
+    return opts
 
 
 def filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -137,10 +142,6 @@ def filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
         # One job's settings often serve S3 and local tables alike: S3 options mean nothing here.
         log.debug("storage options %s ignored: %s is not on S3", sorted(options), uri)
         return {}
-    endpoint = opts.get("endpoint_url")
-    if endpoint is not None and not str(endpoint).lower().startswith(("http://", "https://")):
-        raise InvalidOptionError(f"storage option endpoint_url={endpoint!r} needs its scheme: "
-                                 f"http://{endpoint} or https://{endpoint}")
     region = opts.pop("region_name", None)
     if region is not None:  # s3fs takes it only inside client_kwargs
         client = opts.get("client_kwargs") or {}  # a dict: _coerce checked it
