@@ -148,8 +148,12 @@ def test_slices_as_of_shows_the_older_state(local_table, capsys):
     assert code == 0
     logs = [name for s in json.loads(out) for name in s["log_files"]]
     assert logs and all(written[0] in name for name in logs)  # only the first commit's files
-    code, _, err = run(capsys, "slices", uri, "--as-of", "yesterday")
-    assert code == 1 and err.startswith("nbcc: error: ") and "as-of" in err
+    code, out, err = run(capsys, "slices", uri, "--as-of", "yesterday")  # a usage error
+    assert code == 2 and out == ""
+    assert err.splitlines()[-1].startswith("nbcc slices: error: argument --as-of: 'yesterday' is not a time; "
+                                           "use a 17-digit instant time")
+    code, out, _ = run(capsys, "slices", uri, "--as-of", f"{first[:4]}-{first[4:6]}-{first[6:8]}T23:59:59Z")
+    assert code == 0 and out  # ISO-8601 is taken
 
 
 # -- compaction ----------------------------------------------------------------------------------
@@ -233,8 +237,12 @@ def test_compact_instant_must_name_a_scheduled_compaction(local_table, capsys):
     table.rollback(failed.instant)
     tc = table.compact()
     before = table.timeline()
-    for bad, message in [("yesterday", "--instant='yesterday' is not a time"),
-                         ("20000101000000000", f"no instant 20000101000000000 on the timeline of {uri}"),
+    for bad in ("yesterday", "2026-11-21T10:30:00Z", "2026112110300012", "20261321103000123"):
+        code, out, err = run(capsys, "compact", uri, "--instant", bad)  # usage errors: not an instant time
+        assert code == 2 and out == "", bad
+        assert err.splitlines()[-1] == ("nbcc compact: error: argument --instant: expected an instant time, the 17 "
+                                        f"digits yyyyMMddHHmmssSSS that `nbcc timeline` prints; got {bad!r}")
+    for bad, message in [("20000101000000000", f"no instant 20000101000000000 on the timeline of {uri}"),
                          (written[0], f"instant {written[0]} is a completed deltacommit, not a scheduled compaction"),
                          (failed.instant, f"instant {failed.instant} is a rolledback deltacommit, not a scheduled "
                                           "compaction")]:
@@ -416,6 +424,9 @@ def test_rollback_of_a_completed_or_unknown_instant_fails(local_table, capsys):
     unknown = "20000101000000000"
     code, _, err = run(capsys, "rollback", uri, unknown)
     assert code == 1 and unknown in err and "Traceback" not in err
+    code, _, err = run(capsys, "rollback", uri, "2000-01-01")  # an ISO date names no instant: usage error
+    assert code == 2 and err.splitlines()[-1].startswith("nbcc rollback: error: argument INSTANT: expected an "
+                                                         "instant time")
 
 
 # -- errors and options --------------------------------------------------------------------------

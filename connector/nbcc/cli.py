@@ -44,7 +44,7 @@ from typing import Any, Sequence
 
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
-from .clock import parse_time_option
+from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
@@ -239,7 +239,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
 
 def cmd_rollback(args: argparse.Namespace) -> int:
     table = _open(args)
-    instant = parse_time_option(args.instant, "INSTANT")
+    instant = args.instant
     timeline = Timeline.load(table.storage)
     inst = timeline.get(instant)
     if inst is None:
@@ -313,6 +313,25 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _instant(text: str) -> str:
+    """INSTANT and --instant: an instant time exactly as `nbcc timeline` prints it. (An ISO-8601
+    time is not taken: it names a millisecond that no instant of the table need have.)"""
+    try:
+        parse_time(text.strip())
+    except (InvalidOptionError, ValueError):
+        raise argparse.ArgumentTypeError(f"expected an instant time, the 17 digits yyyyMMddHHmmssSSS that "
+                                         f"`nbcc timeline` prints; got {text!r}") from None
+    return text.strip()
+
+
+def _time(text: str) -> str:
+    """--as-of: an instant time, or an ISO-8601 time (UTC if it has no zone)."""
+    try:
+        return parse_time_option(text, "T")
+    except InvalidOptionError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("T=")) from None
+
+
 def _seconds(text: str) -> float:
     # float() takes nan and inf too, with which no heartbeat ever counts as expired (nan compares
     # false with everything): `clean` then silently rolled back nothing.
@@ -367,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("slices", parents=[common], help="list the file groups and their latest slices",
                        description="List the latest file slice of every file group: partition, file group, "
                                    "base instant, base file ('-' if none) and log files in log order.")
-    p.add_argument("--as-of", metavar="T", help="the slices as of time T (instant time or ISO-8601)")
+    p.add_argument("--as-of", metavar="T", type=_time, help="the slices as of time T (instant time or ISO-8601)")
     p.add_argument("--json", action="store_true", help="print a JSON list instead")
     p.set_defaults(func=cmd_slices)
 
@@ -376,7 +395,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "in this process; writers keep writing. Compactions that an earlier "
                                    "run left unfinished are finished first.")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--instant", metavar="T", help="run (or finish) the scheduled compaction T only")
+    which.add_argument("--instant", metavar="T", type=_instant,
+                       help="run (or finish) the scheduled compaction T only")
     which.add_argument("--schedule-only", action="store_true",
                        help="only schedule; print the compaction's instant (run it later with --instant)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -406,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("rollback", parents=[common], help="roll back a write that did not complete",
                        description="Roll back a write that did not complete: its files are deleted and "
                                    "its instant is marked rolled back.")
-    p.add_argument("instant", metavar="INSTANT", help="the write's instant time")
+    p.add_argument("instant", metavar="INSTANT", type=_instant, help="the write's instant time")
     p.set_defaults(func=cmd_rollback)
 
     p = sub.add_parser("index", parents=[common], help="build, drop or show the metadata table's partitions",
