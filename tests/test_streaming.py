@@ -843,10 +843,30 @@ def test_source_from_earliest_after_a_clean_and_an_offset_behind_the_cleaner(spa
 
     # The first stream's offset is before the window the cleaner kept: it fails, and says why.
     query, batches = _collecting_stream(spark, uri, tmp_path / "behind")
+    first = [i.completion for i in table.timeline() if i.action == "commit"][-1]  # then the last write
     with pytest.raises(StreamingQueryException,
                        match=r"the stream's micro-batch \(\d{17}, \d{17}\] reaches before the window the "
-                             r"cleaner retained, which starts at \d{17}.*retain_commits.*new checkpoint"):
+                             r"cleaner retained, which starts at \d{17}.*retain_commits.*new checkpoint: "
+                             rf"begin=earliest .*; begin={first}, the earliest begin that can still be read"):
         _run(query)
+
+
+def test_source_lagging_by_as_many_commits_as_the_cleaner_retains_goes_on(spark, tmp_path):
+    # The window starts at the oldest retained commit's completion; a stream whose offset is the
+    # commit just before it needs nothing the clean deleted, and reads that commit too.
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 5))
+    table.write(_rows(range(0, 5), "b", ts=2))
+    table.compact()  # the first two commits' files are superseded
+    query, batches = _collecting_stream(spark, uri, tmp_path / "ckpt")
+    _run(query)
+    assert batches == [(0, list(range(5)))]
+    for n in range(3):
+        table.write(_rows([10 + n], "c"))
+    assert table.clean(retain_commits=3)["deleted"]
+    query, batches = _collecting_stream(spark, uri, tmp_path / "ckpt")
+    _run(query)
+    assert batches == [(1, [10, 11, 12])]
 
 
 def test_source_batches_from_before_a_column_was_added_read_it_as_null(spark, tmp_path):

@@ -50,7 +50,15 @@ from .schema import (
     null_array,
 )
 from .storage import Storage
-from .timeline import DATA_ACTIONS, REPLACE_COMMIT, Timeline, earliest_retained, read_commit_metadata
+from .timeline import (
+    CLEAN,
+    DATA_ACTIONS,
+    INDEXING,
+    REPLACE_COMMIT,
+    Timeline,
+    earliest_retained,
+    read_commit_metadata,
+)
 from .view import TableView, check_readable, schema_as_of, slices_by_group, table_view
 
 SNAPSHOT, INCREMENTAL, READ_OPTIMIZED = "snapshot", "incremental", "read_optimized"
@@ -394,17 +402,19 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     end = min(options.end, max(latest, begin)) if options.end else latest
     if begin > end:
         raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
-    retained = earliest_retained(storage, timeline)
-    if retained is not None and begin < retained:
-        raise InvalidOptionError(
-            f"begin={options.begin or EARLIEST} reaches before the oldest retained commit (completed at "
-            f"{retained}): the changes before it were cleaned, so this range cannot be answered in "
-            f"full. Use begin >= {retained}."
-        )
     end_view = table_view(storage, config, timeline, end, index)
     in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]
     overwrites = [i.completion for i in in_range if i.action == REPLACE_COMMIT]
     reset = bool(overwrites)
+    retained = earliest_retained(storage, timeline)
+    if retained is not None:
+        first = earliest_begin(timeline, retained, options.is_cdc or reset)
+        if begin < first:
+            raise InvalidOptionError(
+                f"begin={options.begin or EARLIEST} reaches before the oldest retained commit (completed at "
+                f"{retained}): the changes before it were cleaned, so this range cannot be answered in "
+                f"full. Use begin >= {first}."
+            )
     # The state at begin is needed only for cdc and after an overwrite in the range.
     begin_view = (table_view(storage, config, timeline, begin, index)
                   if begin != _BEFORE_ALL and (options.is_cdc or reset) else None)
@@ -442,6 +452,22 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, reset,
                                    range_only=range_only, bytes=size))
     return plan
+
+
+def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> str:
+    """The earliest begin of a range that a clean whose window starts at `window` left readable
+    (format.md §12.7). The range holds every data commit after begin, so none may have completed
+    before `window` (the clean may have deleted its files). A read that needs the state at begin
+    (cdc, or an overwrite in the range) also needs that state to be the one at `window` without
+    its commit: no compaction may have completed in between, and the commit at `window` must
+    not be an overwrite (it hid the older files). The range then holds the oldest retained
+    commit, which no range beginning at `window` can."""
+    done = timeline.completed()
+    if needs_begin_state and any(i.completion == window and i.action == REPLACE_COMMIT for i in done):
+        return window
+    blocking = [i for i in done if i.completion < window
+                and (i.action not in (CLEAN, INDEXING) if needs_begin_state else i.action in DATA_ACTIONS)]
+    return max((i.completion for i in blocking), default=window)
 
 
 def _range_outranks_older(config: TableConfig, schema: pa.Schema, partition: str, end_files: Iterable[str],

@@ -44,7 +44,7 @@ from .commit import WriteTransaction
 from .errors import CommitError, InvalidOptionError, LockLostError, StorageError
 from .heartbeat import beat, remove as remove_heartbeat
 from .rollback import rollback_instant, rollback_or_log
-from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, plan_scan
+from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, earliest_begin, plan_scan
 from .storage import Storage
 from .timeline import (
     COMPLETED,
@@ -412,13 +412,18 @@ def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta
                               include_meta_columns=include_meta_columns, use_metadata_table=use_metadata_table)
     try:
         return plan_scan(storage, config, options)
-    except InvalidOptionError as exc:
-        retained = earliest_retained(storage, Timeline.load(storage))
+    except InvalidOptionError:
+        timeline = Timeline.load(storage)
+        retained = earliest_retained(storage, timeline)
         if retained is None or (end if start == BEFORE_ALL else start) >= retained:
             raise
         # The stream's own offsets, not the as_of or begin the user never gave, and what to do.
+        first = earliest_begin(timeline, retained, needs_begin_state=True)  # a begin that serves any range
         raise InvalidOptionError(
             f"the stream's micro-batch ({start}, {end}] reaches before the window the cleaner retained, "
-            f"which starts at {retained}: the commits it needs were cleaned. Choose retain_commits to "
-            "cover the longest the stream may lag; to go on, start the query from a new checkpoint "
-            f"(its begin option then applies, e.g. begin={retained})") from exc
+            f"which starts at {retained}: commits it holds completed before the window, and their files may "
+            "have been cleaned. Choose retain_commits to cover the longest the stream may lag. To go on, "
+            "start the query from a new checkpoint: begin=earliest delivers the table as of a time the "
+            "cleaner kept, then every later commit (keys delivered before come again); "
+            f"begin={first}, the earliest begin that can still be read, delivers every commit that completed "
+            "after it, and skips the keys that only cleaned commits changed") from None
