@@ -884,6 +884,72 @@ def test_source_batches_from_before_a_column_was_added_read_it_as_null(spark, tm
     assert got == [(0, [(0, None), (1, None)]), (1, [(2, None), (3, None)]), (2, [(4, "x")])]
 
 
+def test_source_a_column_added_while_the_query_runs_stops_it_and_a_restart_delivers_it(spark, tmp_path):
+    # Delivered without the column, its values would be lost downstream: a restarted query
+    # would not send those rows again. The query fails instead, as Delta's does, and the restart
+    # replays the micro-batch with the new column.
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "c"
+    table, _ = _table_with_commits(uri, range(0, 2))
+    got: list[tuple[int, list]] = []
+
+    def start(**kw):
+        df = spark.readStream.format("nbcc").load(uri)
+        return (df.writeStream.foreachBatch(lambda d, b: got.append((b, sorted(map(tuple, d.collect())))))
+                .option("checkpointLocation", str(ckpt)).trigger(**kw).start(), df)
+
+    query, _ = start(processingTime="0.5 seconds")
+    _process_all_available(query)
+    wider = ARROW_SCHEMA.append(pa.field("extra", pa.string()))
+    table.write(pa.table({"id": [2], "v": ["a2"], "ts": [1], "extra": ["x"]}, schema=wider))
+    with pytest.raises(StreamingQueryException, match=r"the table gained column\(s\) extra since this streaming "
+                                                      r"query started.*restart the query to read them"):
+        query.awaitTermination(TIMEOUT_S)
+    query, df = start(availableNow=True)
+    _run(query)
+    assert df.columns == ["id", "v", "ts", "extra"]
+    assert got == [(0, [(0, "a0", 1), (1, "a1", 1)]), (1, [(2, "a2", 1, "x")])]  # batch 1 replayed, whole
+
+    # A query that names its columns with .schema(...) reads them, whatever is added later.
+    fixed: list = []
+    query = (spark.readStream.format("nbcc").schema("id long, v string").load(uri).writeStream
+             .foreachBatch(lambda d, b: fixed.extend(map(tuple, d.collect())))
+             .option("checkpointLocation", str(tmp_path / "fixed")).trigger(processingTime="0.5 seconds").start())
+    _process_all_available(query)
+    table.write(pa.table({"id": [3], "v": ["a3"], "ts": [1], "extra": ["y"], "more": [1]},
+                         schema=wider.append(pa.field("more", pa.int64()))))
+    _process_all_available(query)
+    query.stop()
+    assert sorted(fixed) == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "a3")]
+
+
+def test_source_a_schema_given_is_checked_as_a_batch_reads_is(spark, tmp_path):
+    # A misspelt column read as null in every row, the record key too.
+    uri = str(tmp_path / "t")
+    _table_with_commits(uri, range(0, 2))
+    for schema, message in (("ID bigint, v string", "names column 'ID', which the table spells 'id'"),
+                            ("id bigint, nosuch string", "names column 'nosuch', which this read does not have")):
+        with pytest.raises(Exception, match=message):
+            query = (spark.readStream.format("nbcc").schema(schema).load(uri).writeStream
+                     .foreachBatch(lambda d, b: None).option("checkpointLocation", str(tmp_path / "c"))
+                     .trigger(availableNow=True).start())
+            _run(query)
+
+
+def test_source_change_feed_options_say_what_a_stream_delivers(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    _table_with_commits(uri, range(0, 2))
+    with pytest.raises(Exception, match=r"incremental_format: only for query_type=incremental \(with "
+                                        r"spark.readStream: a stream delivers, per micro-batch, the latest state"):
+        spark.readStream.format("nbcc").option("incremental_format", "cdc").load(uri)
+    with pytest.raises(Exception, match=r"unknown streaming read option\(s\): incremental_format, query_type.*"
+                                        r"\(incremental_format, query_type are batch read options: a stream "
+                                        r"delivers.*incremental_format=cdc"):
+        query = (spark.readStream.format("nbcc").option("query_type", "incremental")
+                 .option("incremental_format", "cdc").load(uri).writeStream.foreachBatch(lambda d, b: None)
+                 .option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True).start())
+        _run(query)
+
+
 def test_source_begin_latest_is_fixed_when_first_asked(tmp_path):
     # Spark asks for the initial offset when it plans the first micro-batch and again when it
     # runs it: a commit that completes in between must be read, not skipped.

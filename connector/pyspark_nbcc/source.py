@@ -208,6 +208,9 @@ class DefaultSource(DataSource):
                 if not batch_only and "begin" in names:
                     stream_only.add("begin")
                 if str(stream_error) == str(batch_error) or (batch_only and not stream_only):
+                    if batch_only & {"query_type", "incremental_format", "end"}:  # a change feed, maybe for a stream
+                        from .streaming import STREAM_CHANGES_HINT
+                        raise InvalidOptionError(f"{batch_error} (with spark.readStream: {STREAM_CHANGES_HINT})") from None
                     raise batch_error from None
                 if stream_only and not batch_only:
                     raise stream_error from None

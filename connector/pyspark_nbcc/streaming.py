@@ -18,7 +18,7 @@ import logging
 import random
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -41,8 +41,8 @@ from pyspark.sql.types import StructType
 from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
-from nbcc.config import STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, parse_options
-from nbcc.errors import CommitError, InvalidOptionError
+from nbcc.config import READ_OPTIONS, STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, parse_options
+from nbcc.errors import CommitError, InvalidOptionError, SchemaError
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.rollback import rollback_instant
@@ -63,7 +63,7 @@ from nbcc.stream import (
 from nbcc.timeline import INFLIGHT, REPLACE_COMMIT, REQUESTED
 from nbcc.writer import LogWriter, coalesced, prepare
 
-from .source import NbccReader, TaskPartition, _spark_schema, _table_uri, open_for_write
+from .source import NbccReader, TaskPartition, _check_given_schema, _spark_schema, _table_uri, open_for_write
 
 log = logging.getLogger(__name__)
 
@@ -213,9 +213,28 @@ class _ReadSetup:
     use_metadata_table: bool | None  # None: the metadata table's ready partitions, as batch reads
 
 
+# What a stream delivers, for users who reach for the batch reads' change options.
+STREAM_CHANGES_HINT = ("a stream delivers, per micro-batch, the latest state of the keys its commits wrote "
+                       "(deleted keys absent; deletes and overwrites are not delivered as changes); for "
+                       "changes with deletes, read batches with spark.read and query_type=incremental, "
+                       "incremental_format=cdc, begin=<the last end read>")
+
+
+def batch_only_hint(names: Iterable[str]) -> str:
+    """A note for a streaming read given options only batch reads take (as_of, query_type, ...)."""
+    given = sorted({n.strip().lower() for n in names} & (set(READ_OPTIONS) - set(STREAM_READ_OPTIONS)))
+    if not given:
+        return ""
+    what = "is a batch read option" if len(given) == 1 else "are batch read options"
+    return f" ({', '.join(given)} {what}: {STREAM_CHANGES_HINT})"
+
+
 def _read_setup(options: dict[str, Any]) -> _ReadSetup:
     uri = _table_uri(options)
-    parsed, storage_options = parse_options(options, STREAM_READ_OPTIONS, "streaming read")
+    try:
+        parsed, storage_options = parse_options(options, STREAM_READ_OPTIONS, "streaming read")
+    except InvalidOptionError as exc:
+        raise InvalidOptionError(f"{exc}{batch_only_hint(options)}") from None
     begin = parsed.get("begin")
     table = Table.open(uri, storage_options)
     initial_offset(table.storage, begin)  # a bad begin fails now, not at the first batch
@@ -227,8 +246,12 @@ def _read_setup(options: dict[str, Any]) -> _ReadSetup:
 
 def stream_read_schema(options: dict[str, Any]) -> StructType:
     """The schema of `spark.readStream.format("nbcc").load(uri)`: the table's current columns
-    (plus the meta columns if asked for). Columns added later are not part of a running stream."""
-    setup = _read_setup(options)
+    (plus the meta columns if asked for). A micro-batch of commits that added columns since
+    fails the query, whose restart reads them (NbccStreamReader.partitions)."""
+    return _own_schema(_read_setup(options))
+
+
+def _own_schema(setup: _ReadSetup) -> StructType:
     read_options = ReadOptions.build(include_meta_columns=setup.include_meta_columns,
                                      use_metadata_table=setup.use_metadata_table)
     return _spark_schema(read_schema(setup.table.storage, setup.table.config, read_options))
@@ -236,9 +259,12 @@ def stream_read_schema(options: dict[str, Any]) -> StructType:
 
 def stream_reader(options: dict[str, Any], schema: StructType) -> "NbccStreamReader":
     setup = _read_setup(options)
+    own = _own_schema(setup)
+    if schema != own:  # given with .schema(...): checked as a batch read's is
+        _check_given_schema(schema, own, setup.table.schema().names)
     return NbccStreamReader(setup.table.uri, setup.table.storage.storage_options, schema, setup.begin,
                             setup.limits, setup.include_meta_columns, setup.max_partition_bytes,
-                            setup.use_metadata_table)
+                            setup.use_metadata_table, follows_table=schema == own)
 
 
 class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -246,7 +272,7 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, begin: str | None,
                  limits: Limits, include_meta_columns: bool, max_partition_bytes: int,
-                 use_metadata_table: bool | None = None):
+                 use_metadata_table: bool | None = None, follows_table: bool = False):
         self.uri = uri
         self.storage_options = storage_options
         self.schema = schema
@@ -255,6 +281,8 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.include_meta_columns = include_meta_columns
         self.max_partition_bytes = max_partition_bytes
         self.use_metadata_table = use_metadata_table
+        # The query reads the table's own columns (no .schema(...)): a column added later stops it.
+        self.follows_table = follows_table
         self.target: str | None = None  # Trigger.AvailableNow: read nothing that completed later
         self._initial: str | None = None
 
@@ -301,6 +329,15 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         table = Table.open(self.uri, self.storage_options)
         plan = plan_range(table.storage, table.config, begin, until, self.include_meta_columns,
                           self.use_metadata_table)
+        added = [n for n in plan.schema.names if n not in set(self.schema.fieldNames())]
+        if added and self.follows_table:
+            # Delivered without them, their values would be lost downstream: a restarted query
+            # reads the table's columns anew, and replays this micro-batch with them.
+            raise SchemaError(
+                f"the table gained column(s) {', '.join(added)} since this streaming query started (in a commit "
+                f"of its micro-batch ({begin}, {until}]); restart the query to read them: it takes the table's "
+                "columns anew and replays this micro-batch with them. To read a fixed set of columns "
+                "instead, give them with .schema(...)")
         shared = replace(plan, tasks=[])
         return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
 
