@@ -9,6 +9,7 @@ import datetime as dt
 from collections import Counter
 from contextlib import contextmanager
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
@@ -687,6 +688,24 @@ def test_python_filter_dates_as_iso_text(py_table):
     assert _arrow_rows(py_table.read(filter=[("d", "in", [d.isoformat() for d in days])])) == expected
     expected = _arrow_rows(everything.filter(pc.field("d") >= pa.scalar(days[0])))
     assert _arrow_rows(py_table.read(filter=[("d", ">=", "2026-11-05")])) == expected
+
+
+@pytest.mark.parametrize("key_type", [pa.uint8(), pa.uint32(), pa.uint64()])
+def test_spark_lookups_on_an_unsigned_key_with_values_it_cannot_hold(spark, tmp_path, key_type):
+    # Spark sees uint32 as bigint (uint64 as decimal(20,0)): -1 and 2**64 are values of its type
+    # that the key cannot hold. Pushed down, they made planning fail instead of matching no row.
+    top = int(np.iinfo(key_type.to_pandas_dtype()).max)
+    schema = pa.schema([pa.field("k", key_type, nullable=False), pa.field("v", pa.string())])
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, schema, "k", buckets=4).write(
+        pa.table({"k": pa.array([0, 1, 2, top], key_type), "v": ["a", "b", "c", "d"]}, schema=schema))
+    cases = {"k = -1": [], "k IN (-1, 1)": [1], f"k = {top + 1}": [], "k <=> -1": [], f"k IN ({top}, {top + 1})": [top],
+             f"k = {top}": [top], "k = 1.5": []}
+    for enabled in (False, True):
+        with pushdown(spark, enabled):
+            for where, expected in cases.items():
+                got = sorted(int(r.k) for r in spark.read.format("nbcc").load(uri).where(where).collect())
+                assert got == expected, (enabled, where)
 
 
 def test_python_filters_on_uint64_past_the_int64_range(tmp_path):

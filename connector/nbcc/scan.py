@@ -276,15 +276,35 @@ def _file_stats(f: Mapping[str, Any] | None, name: str, column: str, commit_colu
 
 
 def _pinned_keys(config: TableConfig, preds: tuple[Predicate, ...]) -> tuple | None:
-    """The only record-key values a row may have (single-column keys, `=` / `in`), or None."""
+    """The only record-key values a row may have (single-column keys, `=` / `in`), or None.
+    Each is a value the key column's type holds."""
     if len(config.record_key) != 1:
         return None
+    key_type = config.schema.field(config.record_key[0]).type
     pinned = None
     for p in preds:
         values = p.pinned_values() if p.column == config.record_key[0] else None
         if values is not None:
-            pinned = set(values) if pinned is None else pinned & set(values)
+            held = set(_as_key_type(values, p.type, key_type).to_pylist())
+            pinned = held if pinned is None else pinned & held
     return None if pinned is None else tuple(pinned)
+
+
+def _as_key_type(values: tuple, value_type: pa.DataType | None, key_type: pa.DataType) -> pa.Array:
+    """`values` as the key column's type, leaving out those it cannot hold, which no row has.
+    A Spark filter's values have Spark's type for the column: -1 on a uint32 key (Spark's
+    bigint) is one, and converting it would fail, or with an unsafe cast pick a wrong bucket."""
+    given = pa.array(list(values), value_type)
+    try:
+        return given.cast(key_type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+        held = []
+        for i in range(len(given)):  # only when some value does not fit: find which
+            try:
+                held.append(given.slice(i, 1).cast(key_type))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+                pass
+        return pa.concat_arrays(held) if held else pa.array([], key_type)
 
 
 def _by_key_filters(config: TableConfig, index: MetadataIndex, keys: tuple, task: ScanTask,
@@ -309,17 +329,12 @@ def _by_key_filters(config: TableConfig, index: MetadataIndex, keys: tuple, task
 
 
 def _allowed_groups(config: TableConfig, preds: tuple[Predicate, ...]) -> set[str] | None:
-    if len(config.record_key) != 1:
+    """The file groups (buckets) of the record keys the predicates pin, or None."""
+    keys = _pinned_keys(config, preds)
+    if keys is None:
         return None
-    key = config.record_key[0]
-    allowed = None
-    for p in preds:
-        values = p.pinned_values() if p.column == key else None
-        if values is not None:
-            groups = {file_group_id(int(b)) for b in bucket_ids(pa.array(list(values), config.schema.field(key).type),
-                                                                  config.buckets)} if values else set()
-            allowed = groups if allowed is None else allowed & groups
-    return allowed
+    key_type = config.schema.field(config.record_key[0]).type
+    return {file_group_id(int(b)) for b in bucket_ids(pa.array(list(keys), key_type), config.buckets)} if keys else set()
 
 
 def _output_schema(config: TableConfig, schema: pa.Schema, options: ReadOptions) -> pa.Schema:
