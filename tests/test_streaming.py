@@ -892,34 +892,44 @@ def test_source_a_column_added_while_the_query_runs_stops_it_and_a_restart_deliv
     table, _ = _table_with_commits(uri, range(0, 2))
     got: list[tuple[int, list]] = []
 
-    def start(**kw):
-        df = spark.readStream.format("nbcc").load(uri)
+    def start(df=None, **kw):
+        df = spark.readStream.format("nbcc").load(uri) if df is None else df
         return (df.writeStream.foreachBatch(lambda d, b: got.append((b, sorted(map(tuple, d.collect())))))
                 .option("checkpointLocation", str(ckpt)).trigger(**kw).start(), df)
 
-    query, _ = start(processingTime="0.5 seconds")
+    query, first_df = start(processingTime="0.5 seconds")
     _process_all_available(query)
     wider = ARROW_SCHEMA.append(pa.field("extra", pa.string()))
     table.write(pa.table({"id": [2], "v": ["a2"], "ts": [1], "extra": ["x"]}, schema=wider))
-    with pytest.raises(StreamingQueryException, match=r"the table gained column\(s\) extra since this streaming "
-                                                      r"query started.*restart the query to read them"):
+    stopped = r"the table gained column\(s\) extra since this streaming query's DataFrame was loaded.*loaded anew"
+    with pytest.raises(StreamingQueryException, match=stopped):
         query.awaitTermination(TIMEOUT_S)
+    # The same DataFrame keeps its columns: restarted from it, the query stops again.
+    query, _ = start(first_df, availableNow=True)
+    with pytest.raises(StreamingQueryException, match=stopped):
+        _run(query)
     query, df = start(availableNow=True)
     _run(query)
     assert df.columns == ["id", "v", "ts", "extra"]
     assert got == [(0, [(0, "a0", 1), (1, "a1", 1)]), (1, [(2, "a2", 1, "x")])]  # batch 1 replayed, whole
 
-    # A query that names its columns with .schema(...) reads them, whatever is added later.
-    fixed: list = []
-    query = (spark.readStream.format("nbcc").schema("id long, v string").load(uri).writeStream
-             .foreachBatch(lambda d, b: fixed.extend(map(tuple, d.collect())))
-             .option("checkpointLocation", str(tmp_path / "fixed")).trigger(processingTime="0.5 seconds").start())
-    _process_all_available(query)
+    # A query that names its columns with .schema(...) reads them, whatever is added later, even
+    # when they are all the table's columns.
+    queries, fixed = [], {"some": [], "all": []}
+    for name, schema in (("some", "id long, v string"), ("all", df.schema)):
+        queries.append(spark.readStream.format("nbcc").schema(schema).load(uri).writeStream
+                       .foreachBatch(lambda d, b, name=name: fixed[name].extend(map(tuple, d.collect())))
+                       .option("checkpointLocation", str(tmp_path / name)).trigger(processingTime="0.5 seconds")
+                       .start())
+    for query in queries:
+        _process_all_available(query)
     table.write(pa.table({"id": [3], "v": ["a3"], "ts": [1], "extra": ["y"], "more": [1]},
                          schema=wider.append(pa.field("more", pa.int64()))))
-    _process_all_available(query)
-    query.stop()
-    assert sorted(fixed) == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "a3")]
+    for query in queries:
+        _process_all_available(query)
+        query.stop()
+    assert sorted(fixed["some"]) == [(0, "a0"), (1, "a1"), (2, "a2"), (3, "a3")]
+    assert sorted(fixed["all"]) == [(0, "a0", 1, None), (1, "a1", 1, None), (2, "a2", 1, "x"), (3, "a3", 1, "y")]
 
 
 def test_source_a_schema_given_is_checked_as_a_batch_reads_is(spark, tmp_path):

@@ -4,14 +4,14 @@ The retained window starts at E, the completion time of the oldest of the last
 `clean_retain_commits` data commits. A file is kept if any read as of a time T >= E needs it:
 since the table only changes when a commit completes, those are the snapshot and read-optimized
 reads as of E and as of every completion time after it (and incremental reads, whose ranges then
-start at or after E, read the same files). Every input of a pending compaction plan is kept too
+hold only retained commits and read those files, format.md §12.7). Every input of a pending compaction plan is kept too
 (Hudi #19290). Everything else that a commit listed is deleted, and so are orphans: files in the
 partition folders whose instant is completed but which its commit does not list (a failed task
 attempt, a compaction run that lost) or whose instant was rolled back.
 
 A clean is an instant: `<Tcl>.clean.requested` holds the plan (E and the files), so readers stop
 reading before E before anything is deleted; then the files are deleted; `<Tcl>_<c>.clean`
-records what was deleted. Time travel before E, and incremental ranges starting before E, are
+records what was deleted. Time travel before E, and incremental ranges that reach before it, are
 then clear errors. A crashed clean is finished by the next one (deletes are idempotent).
 """
 

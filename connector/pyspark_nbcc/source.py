@@ -194,7 +194,8 @@ class DefaultSource(DataSource):
             # next (reader() or streamReader()) checks its own options strictly.
             from .streaming import stream_read_schema
             try:
-                return stream_read_schema(self.options)
+                self._own_schema = stream_read_schema(self.options)
+                return self._own_schema
             except InvalidOptionError as stream_error:
                 # Spark has not said yet which read this is: guess from the option names, and give
                 # only that read's complaint. Given an option only one of them knows (as_of,
@@ -241,7 +242,7 @@ class DefaultSource(DataSource):
     def streamReader(self, schema: StructType):
         """`spark.readStream.format("nbcc").load(uri)`: offsets are completion times (streaming.py)."""
         from .streaming import stream_reader
-        return stream_reader(self.options, schema)
+        return stream_reader(self.options, schema, getattr(self, "_own_schema", None))
 
 
 def _check_no_variant(schema: StructType) -> None:

@@ -257,14 +257,19 @@ def _own_schema(setup: _ReadSetup) -> StructType:
     return _spark_schema(read_schema(setup.table.storage, setup.table.config, read_options))
 
 
-def stream_reader(options: dict[str, Any], schema: StructType) -> "NbccStreamReader":
+def stream_reader(options: dict[str, Any], schema: StructType | None,
+                  taken: StructType | None = None) -> "NbccStreamReader":
+    """The reader of a query with `schema`: given with .schema(...), or the one Spark took from
+    DefaultSource.schema(), `taken` (None: the table's current columns)."""
     setup = _read_setup(options)
     own = _own_schema(setup)
-    if schema != own:  # given with .schema(...): checked as a batch read's is
+    schema = own if schema is None else schema
+    follows_table = taken is not None and schema == taken  # maybe older than `own`: loaded before
+    if schema != own and not follows_table:  # given with .schema(...): checked as a batch read's is
         _check_given_schema(schema, own, setup.table.schema().names)
     return NbccStreamReader(setup.table.uri, setup.table.storage.storage_options, schema, setup.begin,
                             setup.limits, setup.include_meta_columns, setup.max_partition_bytes,
-                            setup.use_metadata_table, follows_table=schema == own)
+                            setup.use_metadata_table, follows_table=follows_table)
 
 
 class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -334,10 +339,12 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # Delivered without them, their values would be lost downstream: a restarted query
             # reads the table's columns anew, and replays this micro-batch with them.
             raise SchemaError(
-                f"the table gained column(s) {', '.join(added)} since this streaming query started (in a commit "
-                f"of its micro-batch ({begin}, {until}]); restart the query to read them: it takes the table's "
-                "columns anew and replays this micro-batch with them. To read a fixed set of columns "
-                "instead, give them with .schema(...)")
+                f"the table gained column(s) {', '.join(added)} since this streaming query's DataFrame was "
+                f"loaded (in a commit of its micro-batch ({begin}, {until}]); restart the query from a "
+                "DataFrame loaded anew (spark.readStream...load()) to read them: it takes the table's "
+                "columns then, and replays this micro-batch with them (a DataFrame loaded before keeps its "
+                "columns, and stops here again). To read a fixed set of columns instead, give them with "
+                ".schema(...)")
         shared = replace(plan, tasks=[])
         return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
 
