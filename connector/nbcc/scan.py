@@ -328,9 +328,8 @@ def _by_key_filters(config: TableConfig, index: MetadataIndex, keys: tuple, task
     return ScanTask(task.partition, task.file_group_id, tuple(kept), merged_already=single_live, bytes=size)
 
 
-def _allowed_groups(config: TableConfig, preds: tuple[Predicate, ...]) -> set[str] | None:
-    """The file groups (buckets) of the record keys the predicates pin, or None."""
-    keys = _pinned_keys(config, preds)
+def _key_buckets(config: TableConfig, keys: tuple | None) -> set[str] | None:
+    """The file groups (buckets) of the record keys `_pinned_keys` found, or None."""
     if keys is None:
         return None
     key_type = config.schema.field(config.record_key[0]).type
@@ -361,13 +360,14 @@ def read_schema(storage: Storage, config: TableConfig, options: ReadOptions) -> 
     return _output_schema(config, schema_read(storage, config, options, Timeline.load(storage), index), options)
 
 
-def _index_for(storage: Storage, config: TableConfig, options: ReadOptions) -> MetadataIndex | None:
+def _index_for(storage: Storage, config: TableConfig, options: ReadOptions,
+               pinned: tuple | None) -> MetadataIndex | None:
     """The metadata table partitions this read can use (statistics only for predicates on data
-    columns, key filters only for point lookups)."""
+    columns, key filters only for point lookups: `pinned`, the keys they pin)."""
     kinds = [FILES]
     if any(p.column not in config.partition_by for p in options.predicates):
         kinds.append(COLUMN_STATS)
-    if options.query_type != INCREMENTAL and _pinned_keys(config, options.predicates) is not None:
+    if options.query_type != INCREMENTAL and pinned is not None:
         kinds.append(KEY_FILTERS)
     return load_index(storage, options.use_metadata_table, kinds)
 
@@ -378,10 +378,11 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     metadata table is read, so pass one only with `use_metadata_table=False` (format.md §18.5)."""
     # The metadata table is read before the timeline is listed: a clean that made it forget files
     # then shows on the listing with its retained window, so no time the read accepts needs them.
-    index = _index_for(storage, config, options)
+    pinned = _pinned_keys(config, options.predicates)
+    index = _index_for(storage, config, options, pinned)
     timeline = timeline or Timeline.load(storage)
     if options.query_type == INCREMENTAL:
-        return _plan_incremental(storage, config, options, timeline, index)
+        return _plan_incremental(storage, config, options, timeline, index, pinned)
     if options.as_of is not None:
         check_readable(storage, timeline, options.as_of, "as_of")
     view = table_view(storage, config, timeline, options.as_of, index)
@@ -389,8 +390,8 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
                     completion={i.instant: i.completion for i in view.completed},
                     metadata_used=index.used if index is not None else ())
     stats = FileStats(storage, view, index)
-    allowed = _allowed_groups(config, options.predicates)
-    keys = _pinned_keys(config, options.predicates) if index is not None and index.has(KEY_FILTERS) else None
+    allowed = _key_buckets(config, pinned)
+    keys = pinned if index is not None and index.has(KEY_FILTERS) else None
     for (partition, fg), slices in slices_by_group(storage, view).items():
         files = files_to_merge(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
         if files and _keep(config, view.schema, options.predicates, partition, fg, files, stats, allowed):
@@ -405,7 +406,7 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
 
 
 def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline,
-                      index: MetadataIndex | None = None) -> ScanPlan:
+                      index: MetadataIndex | None, pinned: tuple | None) -> ScanPlan:
     latest = timeline.latest_completion()
     if latest is None:
         raise InvalidOptionError("incremental read: the table has no completed commits yet")
@@ -447,7 +448,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     touched = set(range_files) | (set(begin_groups) if reset else set())
     stats = FileStats(storage, end_view, index)
     info = stats.info
-    allowed = _allowed_groups(config, options.predicates)
+    allowed = _key_buckets(config, pinned)
     for partition, fg in sorted(touched):
         end_files = (files_to_merge(end_groups[(partition, fg)], False, end_view.pending_compactions)
                      if (partition, fg) in end_groups else ())

@@ -220,7 +220,7 @@ STREAM_CHANGES_HINT = ("a stream delivers, per micro-batch, the latest state of 
                        "incremental_format=cdc, begin=<the last end read>")
 
 
-def batch_only_hint(names: Iterable[str]) -> str:
+def _batch_only_hint(names: Iterable[str]) -> str:
     """A note for a streaming read given options only batch reads take (as_of, query_type, ...)."""
     given = sorted({n.strip().lower() for n in names} & (set(READ_OPTIONS) - set(STREAM_READ_OPTIONS)))
     if not given:
@@ -234,7 +234,7 @@ def _read_setup(options: dict[str, Any]) -> _ReadSetup:
     try:
         parsed, storage_options = parse_options(options, STREAM_READ_OPTIONS, "streaming read")
     except InvalidOptionError as exc:
-        raise InvalidOptionError(f"{exc}{batch_only_hint(options)}") from None
+        raise InvalidOptionError(f"{exc}{_batch_only_hint(options)}") from None
     begin = parsed.get("begin")
     table = Table.open(uri, storage_options)
     initial_offset(table.storage, begin)  # a bad begin fails now, not at the first batch
@@ -334,7 +334,8 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         table = Table.open(self.uri, self.storage_options)
         plan = plan_range(table.storage, table.config, begin, until, self.include_meta_columns,
                           self.use_metadata_table)
-        added = [n for n in plan.schema.names if n not in set(self.schema.fieldNames())]
+        known = set(self.schema.fieldNames())
+        added = [n for n in plan.schema.names if n not in known]
         if added and self.follows_table:
             # Delivered without them, their values would be lost downstream: a restarted query
             # reads the table's columns anew, and replays this micro-batch with them.
