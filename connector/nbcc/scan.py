@@ -50,16 +50,8 @@ from .schema import (
     null_array,
 )
 from .storage import Storage
-from .timeline import (
-    CLEAN,
-    DATA_ACTIONS,
-    INDEXING,
-    REPLACE_COMMIT,
-    Timeline,
-    earliest_retained,
-    read_commit_metadata,
-)
-from .view import TableView, check_readable, schema_as_of, slices_by_group, table_view
+from .timeline import DATA_ACTIONS, REPLACE_COMMIT, Timeline, earliest_retained, read_commit_metadata
+from .view import TableView, check_readable, earliest_begin, schema_as_of, slices_by_group, table_view
 
 SNAPSHOT, INCREMENTAL, READ_OPTIMIZED = "snapshot", "incremental", "read_optimized"
 QUERY_TYPES = (SNAPSHOT, INCREMENTAL, READ_OPTIMIZED)
@@ -468,22 +460,6 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, reset,
                                    range_only=range_only, bytes=size))
     return plan
-
-
-def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> str:
-    """The earliest begin of a range that a clean whose window starts at `window` left readable
-    (format.md §12.7). The range holds every data commit after begin, so none may have completed
-    before `window` (the clean may have deleted its files). A read that needs the state at begin
-    (cdc, or an overwrite in the range) also needs that state to be the one at `window` without
-    its commit: no compaction may have completed in between, and the commit at `window` must
-    not be an overwrite (it hid the older files). The range then holds the oldest retained
-    commit, which no range beginning at `window` can."""
-    done = timeline.completed()
-    if needs_begin_state and any(i.completion == window and i.action == REPLACE_COMMIT for i in done):
-        return window
-    blocking = [i for i in done if i.completion < window
-                and (i.action not in (CLEAN, INDEXING) if needs_begin_state else i.action in DATA_ACTIONS)]
-    return max((i.completion for i in blocking), default=window)
 
 
 def _range_outranks_older(config: TableConfig, schema: pa.Schema, partition: str, end_files: Iterable[str],

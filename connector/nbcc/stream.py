@@ -44,7 +44,7 @@ from .commit import WriteTransaction
 from .errors import CommitError, InvalidOptionError, LockLostError, StorageError
 from .heartbeat import beat, remove as remove_heartbeat
 from .rollback import rollback_instant, rollback_or_log
-from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, earliest_begin, plan_scan
+from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, plan_scan
 from .storage import Storage
 from .timeline import (
     COMPLETED,
@@ -60,6 +60,7 @@ from .timeline import (
     parse_instant_file,
     read_commit_metadata,
 )
+from .view import earliest_begin
 
 log = logging.getLogger(__name__)
 

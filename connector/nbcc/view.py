@@ -1,5 +1,6 @@
 """The table as of a time: which commits exist, their files, the schema they make, and the file
-slices those files form (Hudi's file-system view; format.md §12.1).
+slices those files form (Hudi's file-system view; format.md §12.1); and how far back a read, or
+an incremental range, may reach once a clean deleted files (§12.5, §12.7).
 
 Time travel (`as_of=T`, RFC-66): only commits whose completion time is <= T exist; a commit that
 started before T but completed after it is treated as pending, so the latest file slice of each
@@ -245,3 +246,19 @@ def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -
             f"{name}={when} is before the oldest state that can be read, {oldest} ({why}); "
             "use a time at or after it"
         )
+
+
+def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> str:
+    """The earliest begin of a range that a clean whose window starts at `window` left readable
+    (format.md §12.7). The range holds every data commit after begin, so none may have completed
+    before `window` (the clean may have deleted its files). A read that needs the state at begin
+    (cdc, or an overwrite in the range) also needs that state to be the one at `window` without
+    its commit: no compaction may have completed in between, and the commit at `window` must
+    not be an overwrite (it hid the older files). The range then holds the oldest retained
+    commit, which no range beginning at `window` can."""
+    done = timeline.completed()
+    if needs_begin_state and any(i.completion == window and i.action == REPLACE_COMMIT for i in done):
+        return window
+    blocking = [i for i in done if i.completion < window
+                and (i.action not in (CLEAN, INDEXING) if needs_begin_state else i.action in DATA_ACTIONS)]
+    return max((i.completion for i in blocking), default=window)
