@@ -642,8 +642,9 @@ class Run:
     def reader(self, stop: threading.Event, pause_s: float) -> None:
         table = faulty_table(self.table, self.faults)
         attempts = 0
-        # At least 5 reads; a pause between them leaves the writers (and moto) some CPU.
-        while not stop.wait(pause_s) or attempts < 5:
+        # At least 5 reads, and more (up to 50) until one got through the faults; a pause between
+        # them leaves the writers (and moto) some CPU.
+        while not stop.wait(pause_s) or attempts < 5 or (not self.reads and attempts < 50):
             attempts += 1
             try:
                 self.reads.append(rows_of(table.read()))
