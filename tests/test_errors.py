@@ -433,6 +433,25 @@ def test_spark_read_of_a_uri_that_is_not_a_table(spark, tmp_path):
         spark.read.format("nbcc").load(str(tmp_path)).collect()
 
 
+def test_spark_catalog_tables_are_refused_with_the_sql_way_that_works(spark, table):
+    """Spark passes a Python data source no location or options for a catalog table: each way of
+    making or using one fails and says to use a temporary view, and nothing is written."""
+    files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
+    with pytest.raises(Exception, match=r"CREATE TEMPORARY VIEW <name> USING nbcc OPTIONS \(path '<uri>'\)"):
+        spark.sql(f"CREATE TABLE nbcc_catalog_a USING nbcc LOCATION '{table.uri}'")
+    assert not spark.catalog.tableExists("nbcc_catalog_a")
+    spark.sql("CREATE TABLE nbcc_catalog_b (id long, name string, ts long) USING nbcc")  # Spark asks nbcc nothing
+    try:
+        for statement in ("INSERT INTO nbcc_catalog_b VALUES (9, 'z', 1)", "SELECT * FROM nbcc_catalog_b"):
+            with pytest.raises(Exception, match=r"no table path: .*USING nbcc OPTIONS \(path '<uri>'\); an nbcc table cannot be a catalog table"):
+                spark.sql(statement).collect()
+        with pytest.raises(Exception, match=r"no table path: .*an nbcc table cannot be a catalog table"):
+            spark.createDataFrame([(9, "z", 1)], "id long, name string, ts long").write.format("nbcc").saveAsTable("nbcc_catalog_c")
+    finally:
+        spark.sql("DROP TABLE IF EXISTS nbcc_catalog_b")
+    _unchanged(table, files, rows)
+
+
 def test_spark_write_failing_in_a_task_is_rolled_back(spark, table):
     files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
     bad = spark.createDataFrame([(3, "c", 1), (None, "d", 1)], "id long, name string, ts long")

@@ -92,6 +92,26 @@ def test_a_schema_given_to_a_read_may_leave_columns_out_but_not_misname_them(spa
     then = spark.read.format("nbcc").schema("id long, note string").option("as_of", first).load(uri)
     assert sorted(tuple(r) for r in then.collect()) == [(1, None), (2, None)]
 
+
+def test_sql_reads_and_upserts_through_a_temporary_view(spark, local_table):
+    uri, _ = local_table
+    (spark.createDataFrame(_rows(range(3), "a", seq=1), SCHEMA).write.format("nbcc").mode("append")
+     .option("record_key", "id").option("ordering_field", "seq").save(uri))
+    first = nbcc.Table.open(uri).timeline()[-1].completion
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_sql_orders USING nbcc OPTIONS (path '{uri}')")
+    spark.sql("INSERT INTO nbcc_sql_orders SELECT id, 'b', price, day, ts, 2 FROM nbcc_sql_orders WHERE id < 2")
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_sql_orders USING nbcc OPTIONS (path '{uri}')")  # a view reads the table as of its creation
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_sql_then USING nbcc OPTIONS (path '{uri}', as_of '{first}')")
+    try:
+        now = spark.sql("SELECT id, name, seq FROM nbcc_sql_orders ORDER BY id").collect()
+        then = spark.sql("SELECT id, name, seq FROM nbcc_sql_then ORDER BY id").collect()
+    finally:
+        spark.catalog.dropTempView("nbcc_sql_orders")
+        spark.catalog.dropTempView("nbcc_sql_then")
+    assert [tuple(r) for r in now] == [(0, "b", 2), (1, "b", 2), (2, "a-2", 1)]
+    assert [tuple(r) for r in then] == [(0, "a-0", 1), (1, "a-1", 1), (2, "a-2", 1)]
+
+
 def test_overwrite_replaces_earlier_commits_only(spark, local_table):
     uri, _ = local_table
     spark.createDataFrame(_rows(range(10), "a", seq=1), SCHEMA).write.format("nbcc").mode("append") \

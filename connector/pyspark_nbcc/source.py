@@ -65,12 +65,25 @@ from nbcc.writer import LogWriter, coalesced, prepare
 log = logging.getLogger(__name__)
 
 
+# Spark hands a Python data source no options at all when it reads or writes a catalog table
+# (CREATE TABLE ... USING nbcc, saveAsTable): not even its location. It adds these of its own
+# when such a table is created without a schema.
+_CATALOG_OPTIONS = {"provider", "owner", "location"}
+_SQL_HINT = ("in SQL, name a table with CREATE TEMPORARY VIEW <name> USING nbcc OPTIONS (path '<uri>'); "
+             "an nbcc table cannot be a catalog table (CREATE TABLE ... USING nbcc, saveAsTable, toTable), as "
+             "Spark passes a Python data source no location or options when it reads or writes one")
+
+
 def _table_uri(options: dict[str, Any]) -> str:
+    """The table's URI; called before the options are parsed, so a catalog table gets this error
+    rather than one about options Spark added."""
+    if "provider" in {str(k).strip().lower() for k in options}:
+        raise InvalidOptionError(f"no table path Spark can pass on: {_SQL_HINT}")
     path = options.get("path")
     if not path:
         if options.get("paths") not in (None, "[]"):
             raise InvalidOptionError("nbcc reads one table at a time: pass a single path to load()")
-        raise InvalidOptionError("no table path: use .load(uri) / .save(uri) or .option('path', uri)")
+        raise InvalidOptionError(f"no table path: use .load(uri) / .save(uri) or .option('path', uri); {_SQL_HINT}")
     return str(path)
 
 
@@ -187,6 +200,7 @@ class DefaultSource(DataSource):
         return Table.open(uri, storage_options), ReadOptions.build(**read_options), max_bytes
 
     def schema(self) -> StructType:
+        _table_uri(self.options)  # the same complaint for a batch read and a stream
         try:
             table, options, _ = self._read_setup()
         except InvalidOptionError as batch_error:
@@ -228,9 +242,10 @@ class DefaultSource(DataSource):
         return cls(table.uri, table.storage.storage_options, schema, options, max_bytes)
 
     def writer(self, schema: StructType, overwrite: bool) -> "NbccWriter":
+        uri = _table_uri(self.options)
         options, storage_options = parse_options(self.options, WRITE_OPTIONS, "write")
         table, arrow_schema, operation, max_bytes, trigger = open_for_write(
-            _table_uri(self.options), options, storage_options, schema, overwrite)
+            uri, options, storage_options, schema, overwrite)
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger)
 

@@ -84,11 +84,12 @@ class NbccStreamCommitMessage(WriterCommitMessage):
 
 
 def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) -> "NbccStreamWriter":
+    uri = _table_uri(options)
     parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
     stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
     parsed.pop("checkpointlocation", None)
     table, arrow_schema, operation, max_bytes, trigger = open_for_write(
-        _table_uri(options), parsed, storage_options, schema, overwrite)
+        uri, parsed, storage_options, schema, overwrite)
     template = table.prepare_write(arrow_schema, operation, overwrite)
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
