@@ -117,6 +117,72 @@ def test_timeline_json_and_pending_instants(local_table, capsys):
     assert rows_of(out)[-1] == [txn.instant, "deltacommit", "inflight", "-"]
 
 
+def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what_a_read_opens(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=3)
+    compaction = table.compact()
+    wide = batch(range(4), 10).append_column("note", pa.array(["n"] * 4))  # a column added later
+    written += [table.write(wide), table.write(batch(range(4), 11))]
+    table.clean(retain_commits=2)
+    pending = table.schedule_compaction()
+    table.build_index("files")
+    inflight = table.begin_write(SCHEMA)  # a write that has not finished
+
+    code, out, err = run(capsys, "describe", uri, "--json")
+    assert code == 0, err
+    d = json.loads(out)
+    assert (d["record_key"], d["ordering_field"], d["merge_mode"], d["partition_by"], d["buckets"]) == (
+        ["id"], "v", "event_time", ["p"], 2)
+    assert [(c["name"], c["type"], c["nullable"]) for c in d["columns"]] == [
+        ("id", "int64", False), ("p", "string", True), ("v", "int64", True), ("note", "string", True)]
+    assert d["instants"]["deltacommit"] == {"completed": 5, "inflight": 1}
+    assert (d["instants"]["commit"], d["instants"]["compaction"], d["instants"]["clean"]) == (
+        {"completed": 1}, {"requested": 1}, {"completed": 1})
+    assert d["latest_commit"] == {"instant": written[-1], "action": "deltacommit",
+                                  "completion": completion_of(table, written[-1])}
+    assert d["pending_compactions"] == [pending] and inflight.instant not in d["pending_compactions"]
+    assert d["metadata_table"] == {"files": "ready"}
+    # What a snapshot read opens: the compaction's base file of each file group, and the log files
+    # of the two commits after it.
+    files = data_files(uri)
+    logs = {f for f in files if ".log." in f and (written[-2] in f or written[-1] in f)}
+    bases = {f for f in files if f.endswith(".parquet") and compaction in f}
+    assert d["snapshot_read"] == {"partitions": 2, "file_groups": len(bases), "base_files": len(bases),
+                                  "log_files": len(logs), "bytes": sum(os.path.getsize(Path(uri, f)) for f in logs | bases)}
+
+    # How far back reads go is what reads then accept, and no further.
+    window = completion_of(table, written[-2])  # the clean kept the last 2 data commits
+    assert d["oldest_as_of"] == window
+    begin, cdc_begin = completion_of(table, written[-3]), completion_of(table, compaction)
+    assert d["earliest_begin"] == {"latest_state": begin, "cdc": cdc_begin}
+    assert table.read(as_of=window).num_rows == 8
+    assert table.read(query_type="incremental", begin=begin).num_rows == 4
+    assert table.read(query_type="incremental", begin=cdc_begin, incremental_format="cdc").num_rows == 4
+    with pytest.raises(nbcc.NbccError, match=f"Use begin >= {begin}"):
+        table.read(query_type="incremental", begin=completion_of(table, written[-4]))
+    with pytest.raises(nbcc.NbccError, match=f"Use begin >= {cdc_begin}"):
+        table.read(query_type="incremental", begin=begin, incremental_format="cdc")
+
+    code, out, err = run(capsys, "describe", uri)
+    assert code == 0, err
+    lines = {line[:21].strip(): line[21:] for line in out.splitlines()[1:] if line[:21].strip()}
+    assert lines["record key"] == "id" and lines["partition by"] == "p" and lines["buckets"] == "2 per partition"
+    assert lines["oldest as_of"] == window and lines["pending compactions"] == pending
+    assert lines["earliest begin"] == f"{begin} (cdc, or a range with an overwrite: {cdc_begin})"
+    assert lines["snapshot read"].startswith(f"{len(bases)} file groups in 2 partitions: {len(bases)} base files, "
+                                             f"{len(logs)} log files, ")
+    assert "note  string" in out and "id  int64 not null" in out
+
+
+def test_describe_a_table_without_commits(local_table, capsys):
+    uri, _ = local_table
+    nbcc.Table.create(uri, SCHEMA, "id")
+    code, out, err = run(capsys, "describe", uri)
+    assert code == 0, err
+    assert "earliest (no clean ran)" in out and "- (no commit yet)" in out
+    assert "0 file groups: 0 base files, 0 log files, 0 bytes" in out  # no partitions to count
+
+
 def test_slices_names_every_file_of_every_slice(local_table, capsys):
     uri, _ = local_table
     table, _ = make_table(uri, commits=3)

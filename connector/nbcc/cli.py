@@ -3,6 +3,8 @@
 Usage:
     nbcc [--storage-option KEY=VALUE ...] COMMAND URI [options]
 
+    nbcc describe URI [--json]              settings, columns, instants counted, how far back reads
+                                            may go, what a snapshot read opens, metadata table
     nbcc timeline URI [--json]              every instant: instant, action, state, completion time
     nbcc slices URI [--as-of T] [--json]    the file slices: per partition and file group, base
                                             instant, base file and log files (in log order)
@@ -113,6 +115,63 @@ def _note(message: str) -> None:
 
 def _open(args: argparse.Namespace) -> Table:
     return Table.open(args.uri, args.storage_options)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _size(n: float) -> str:
+    if n < 1024:
+        return _n(int(n), "byte")
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        n /= 1024
+        if n < 1024 or unit == "TiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def cmd_describe(args: argparse.Namespace) -> int:
+    d = _open(args).describe()
+    if args.json:
+        _print_json(d)
+        return 0
+
+    def counts(by_state: dict[str, int]) -> str:
+        return ", ".join(f"{n} {state}" for state, n in sorted(by_state.items()))
+
+    latest = d["latest_commit"]
+    fs = d["snapshot_read"]
+    rows = [
+        ["table", d["uri"]],
+        ["format version", str(d["format_version"])],
+        ["record key", ", ".join(d["record_key"])],
+        ["ordering field", d["ordering_field"] or "-"],
+        ["merge mode", d["merge_mode"]],
+        ["partition by", ", ".join(d["partition_by"]) or "-"],
+        ["buckets", f"{d['buckets']} per partition"],
+        ["lock lease", f"{d['lock_lease_ms']} ms"],
+        ["heartbeat timeout", f"{d['heartbeat_timeout_s']} s"],
+    ]
+    rows += [["columns" if n == 0 else "", f"{c['name']}  {c['type']}{'' if c['nullable'] else ' not null'}"]
+             for n, c in enumerate(d["columns"])]
+    rows += [["instants" if n == 0 else "", f"{action}: {counts(by_state)}"]
+             for n, (action, by_state) in enumerate(sorted(d["instants"].items()))] or [["instants", "none"]]
+    rows += [
+        ["archived instants", str(d["archived_instants"])],
+        ["latest commit", f"{latest['instant']} {latest['action']}, completed {latest['completion']}" if latest else "-"],
+        ["pending compactions", ", ".join(d["pending_compactions"]) or "-"],
+        ["oldest as_of", d["oldest_as_of"] or "- (no commit yet)"],
+        ["earliest begin", "earliest (no clean ran)" if d["earliest_begin"] is None else
+         f"{d['earliest_begin']['latest_state']} (cdc, or a range with an overwrite: {d['earliest_begin']['cdc']})"],
+        ["snapshot read", f"{_n(fs['file_groups'], 'file group')}"
+                          f"{' in ' + _n(fs['partitions'], 'partition') if d['partition_by'] else ''}: "
+                          f"{_n(fs['base_files'], 'base file')}, {_n(fs['log_files'], 'log file')}, "
+                          f"{_size(fs['bytes'])}"],
+        ["metadata table", ", ".join(f"{k} {v}" for k, v in sorted(d["metadata_table"].items())) or "-"],
+    ]
+    _print_table(["PROPERTY", "VALUE"], rows)
+    return 0
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
@@ -376,6 +435,16 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("uri", metavar="URI", help="the table's location: a local path, file://, s3://")
 
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("describe", parents=[common], help="the table's settings, columns and state at a glance",
+                       description="Show the table's settings (record key, ordering field, merge mode, partition "
+                                   "columns, buckets, lock lease, heartbeat timeout), its columns now, its instants "
+                                   "counted by action and state, its latest commit and pending compactions, the "
+                                   "oldest as_of and earliest incremental begin that reads may use, what a "
+                                   "snapshot read opens (file groups, base and log files, bytes) and the metadata "
+                                   "table's partitions.")
+    p.add_argument("--json", action="store_true", help="print a JSON object instead")
+    p.set_defaults(func=cmd_describe)
 
     p = sub.add_parser("timeline", parents=[common], help="list the instants, oldest first",
                        description="List every instant (archived ones too), oldest first: instant, action, "

@@ -37,15 +37,15 @@ from .errors import (
     TableNotFoundError,
 )
 from .file_slices import FileSlice
-from .filenames import make_token
+from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, schema_read
 from .schema import evolve_schema
 from .storage import Storage
-from .timeline import DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline
-from .view import TableView, check_readable, schema_as_of, slices_by_group, table_view
+from .timeline import COMPACTION, DATA_ACTIONS, DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline, earliest_retained
+from .view import TableView, check_readable, earliest_begin, oldest_readable, schema_as_of, slices_by_group, table_view
 from .writer import LogWriter, check_rows, coalesced, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
@@ -395,6 +395,45 @@ class Table:
         when = parse_time_option(as_of, name) if as_of is not None else None
         view = self._view(when, check=name)
         return [slices[0] for _, slices in sorted(slices_by_group(self.storage, view).items())]
+
+    def describe(self) -> dict[str, Any]:
+        """The table at a glance (what `nbcc describe` prints): its settings, its columns now,
+        its instants counted by action and state, how far back reads may go, what a snapshot
+        read opens, and the metadata table's partitions."""
+        plan = plan_scan(self.storage, self.config, ReadOptions.build())
+        timeline = Timeline.load(self.storage)  # listed after the plan: it knows the plan's commits
+        instants: dict[str, dict[str, int]] = {}
+        for i in timeline.instants:
+            by_state = instants.setdefault(i.action, {})
+            by_state[i.state] = by_state.get(i.state, 0) + 1
+        data = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
+        window = earliest_retained(self.storage, timeline)
+        files = [f for task in plan.tasks for f in task.files]
+        logs = sum(isinstance(parse_data_file(f.rsplit("/", 1)[-1]), LogFile) for f in files)
+        c = self.config
+        return {
+            "uri": self.uri, "format_version": c.format_version, "record_key": list(c.record_key),
+            "ordering_field": c.ordering_field, "merge_mode": c.merge_mode,
+            "partition_by": list(c.partition_by), "buckets": c.buckets,
+            "lock_lease_ms": c.lock_lease_ms, "heartbeat_timeout_s": c.heartbeat_timeout_s,
+            "columns": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in plan.schema],
+            "instants": instants,
+            "archived_instants": sum(i.archived for i in timeline.instants),
+            "latest_commit": ({"instant": data[-1].instant, "action": data[-1].action,
+                               "completion": data[-1].completion} if data else None),
+            "pending_compactions": [i.instant for i in timeline.pending() if i.action == COMPACTION],
+            # as_of may not be older; None: no commit yet
+            "oldest_as_of": oldest_readable(self.storage, timeline),
+            # an incremental begin may not be older (format.md §12.7); None: any begin, as no
+            # clean ran. "cdc": for reads that need the state at begin (cdc, an overwrite in range)
+            "earliest_begin": (None if window is None or not data else
+                               {"latest_state": earliest_begin(timeline, window, False),
+                                "cdc": earliest_begin(timeline, window, True)}),
+            "snapshot_read": {"partitions": len({t.partition for t in plan.tasks}), "file_groups": len(plan.tasks),
+                              "base_files": len(files) - logs, "log_files": logs,
+                              "bytes": sum(t.bytes for t in plan.tasks)},
+            "metadata_table": index_state(self.storage)["partitions"],
+        }
 
     def __repr__(self) -> str:
         c = self.config
