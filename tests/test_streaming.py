@@ -948,16 +948,87 @@ def test_source_a_schema_given_is_checked_as_a_batch_reads_is(spark, tmp_path):
 def test_source_change_feed_options_say_what_a_stream_delivers(spark, tmp_path):
     uri = str(tmp_path / "t")
     _table_with_commits(uri, range(0, 2))
-    with pytest.raises(Exception, match=r"incremental_format: only for query_type=incremental \(with "
-                                        r"spark.readStream: a stream delivers, per micro-batch, the latest state"):
-        spark.readStream.format("nbcc").option("incremental_format", "cdc").load(uri)
-    with pytest.raises(Exception, match=r"unknown streaming read option\(s\): incremental_format, query_type.*"
-                                        r"\(incremental_format, query_type are batch read options: a stream "
-                                        r"delivers.*incremental_format=cdc"):
+    with pytest.raises(Exception, match=r"unknown streaming read option\(s\): query_type.*"
+                                        r"\(query_type is a batch read option: a stream delivers.*"
+                                        r"with incremental_format=cdc one row per change, deletes"):
         query = (spark.readStream.format("nbcc").option("query_type", "incremental")
                  .option("incremental_format", "cdc").load(uri).writeStream.foreachBatch(lambda d, b: None)
                  .option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True).start())
         _run(query)
+    for name, value, message in (
+            ("incremental_format", "changes", "incremental_format must be one of latest_state, cdc; got 'changes'"),
+            ("include_meta_columns", "true", "include_meta_columns does not apply to cdc")):
+        reader = spark.readStream.format("nbcc").option("incremental_format", "cdc")
+        with pytest.raises(Exception, match=message):
+            reader.option(name, value).load(uri)
+
+
+def _change_stream(spark, uri: str, checkpoint: Path):
+    """A cdc stream run to the end of what is there: its micro-batches as
+    {key: (change type, before v, after v, completion time)} each."""
+    batches: list[dict] = []
+
+    def collect(df, batch_id):
+        batches.append({r.id: (r._change_type, r.before and r.before.v, r.after and r.after.v, r._nbcc_completion_time)
+                        for r in df.collect()})
+
+    query = (spark.readStream.format("nbcc").option("incremental_format", "cdc").load(uri).writeStream
+             .foreachBatch(collect).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    _run(query)
+    return batches
+
+
+def test_source_cdc_delivers_every_change_deletes_and_overwrites_included_so_a_copy_mirrors_the_table(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 4), range(4, 6))
+    done = {i.instant: i.completion for i in table.timeline()}
+    first, second = [i.instant for i in table.timeline()]
+    mirror: dict[int, str] = {}
+
+    def apply(batch: dict) -> None:
+        for key, (change, _, after, _) in batch.items():
+            if change == "delete":
+                del mirror[key]
+            else:
+                mirror[key] = after
+
+    # From the beginning: the table as of the first micro-batch's end, every key an insert at the
+    # completion of the commit its row came from.
+    [batch] = _change_stream(spark, uri, tmp_path / "c")
+    assert batch == {**{k: ("insert", None, f"a{k}", done[first]) for k in range(4)},
+                     **{k: ("insert", None, f"a{k}", done[second]) for k in (4, 5)}}
+    apply(batch)
+
+    # Updates, an update that loses to a newer ordering value (no change), inserts and deletes.
+    updated = table.write(pa.concat_tables([_rows([0, 1], "b", ts=2), _rows([2], "old", ts=0), _rows([6], "a")]))
+    deleted = table.write(pa.table({"id": [1, 3]}), operation="delete")
+    begin = table.timeline()[-3].completion
+    [batch] = _change_stream(spark, uri, tmp_path / "c")
+    when = {i.instant: i.completion for i in table.timeline()}
+    assert batch == {0: ("update", "a0", "b0", when[updated]), 1: ("delete", "a1", None, when[deleted]),
+                     3: ("delete", "a3", None, when[deleted]), 6: ("insert", None, "a6", when[updated])}
+    # the same as a batch read of the range
+    cdc = table.read(query_type="incremental", begin=begin, incremental_format="cdc").to_pylist()
+    assert {r["id"]: (r["_change_type"], r["before"] and r["before"]["v"], r["after"] and r["after"]["v"],
+                      r["_nbcc_completion_time"]) for r in cdc} == batch
+    apply(batch)
+
+    # An overwrite: the keys it drops are deletes, the ones it keeps updates or no change.
+    table.write(pa.concat_tables([_rows([0], "b", ts=2), _rows([4], "c", ts=3)]), mode="overwrite")
+    [batch] = _change_stream(spark, uri, tmp_path / "c")
+    assert {k: v[:3] for k, v in batch.items()} == {2: ("delete", "a2", None), 4: ("update", "a4", "c4"),
+                                                    5: ("delete", "a5", None), 6: ("delete", "a6", None)}
+    apply(batch)
+    assert mirror == {r["id"]: r["v"] for r in table.read().to_pylist()} == {0: "b0", 4: "c4"}
+
+
+def test_source_cdc_from_the_beginning_after_a_clean_starts_from_a_kept_state(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 3), range(3, 6), range(6, 9))
+    table.write(pa.table({"id": [0]}), operation="delete")
+    table.clean(retain_commits=1)  # the earlier commits' changes can no longer be read as changes
+    [batch] = _change_stream(spark, uri, tmp_path / "c")
+    assert {k: v[:3] for k, v in batch.items()} == {k: ("insert", None, f"a{k}") for k in range(1, 9)}
 
 
 def test_source_begin_latest_is_fixed_when_first_asked(tmp_path):

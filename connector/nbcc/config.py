@@ -175,6 +175,8 @@ STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
     "max_rows_per_trigger": OptionSpec(_positive_int("max_rows_per_trigger"),
                                        "most written rows per micro-batch, counted from commit metadata "
                                        "(at least one commit is always read)"),
+    "incremental_format": OptionSpec(_text, "latest_state (default): the latest state of the keys each "
+                                            "micro-batch's commits wrote | cdc: one row per change, deletes included"),
     "include_meta_columns": READ_OPTIONS["include_meta_columns"],
     "max_partition_bytes": READ_OPTIONS["max_partition_bytes"],
     "use_metadata_table": READ_OPTIONS["use_metadata_table"],

@@ -328,7 +328,7 @@ def _key_buckets(config: TableConfig, keys: tuple | None) -> set[str] | None:
     return {file_group_id(int(b)) for b in bucket_ids(pa.array(list(keys), key_type), config.buckets)} if keys else set()
 
 
-def _output_schema(config: TableConfig, schema: pa.Schema, options: ReadOptions) -> pa.Schema:
+def output_schema(config: TableConfig, schema: pa.Schema, options: ReadOptions) -> pa.Schema:
     if options.is_cdc:
         keys = [schema.field(k) for k in config.record_key]
         data = pa.struct([f.with_nullable(True) for f in schema])
@@ -349,7 +349,7 @@ def schema_read(storage: Storage, config: TableConfig, options: ReadOptions, tim
 def read_schema(storage: Storage, config: TableConfig, options: ReadOptions) -> pa.Schema:
     """The output schema of a read, without planning it."""
     index = load_index(storage, options.use_metadata_table)  # before the listing (format.md §18.5)
-    return _output_schema(config, schema_read(storage, config, options, Timeline.load(storage), index), options)
+    return output_schema(config, schema_read(storage, config, options, Timeline.load(storage), index), options)
 
 
 def _index_for(storage: Storage, config: TableConfig, options: ReadOptions,
@@ -378,7 +378,7 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     if options.as_of is not None:
         check_readable(storage, timeline, options.as_of, "as_of")
     view = table_view(storage, config, timeline, options.as_of, index)
-    plan = ScanPlan(options, config, view.schema, _output_schema(config, view.schema, options),
+    plan = ScanPlan(options, config, view.schema, output_schema(config, view.schema, options),
                     completion={i.instant: i.completion for i in view.completed},
                     metadata_used=index.used if index is not None else ())
     stats = FileStats(storage, view, index)
@@ -426,7 +426,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     # The state at begin is needed only for cdc and after an overwrite in the range.
     begin_view = (table_view(storage, config, timeline, begin, index)
                   if begin != _BEFORE_ALL and (options.is_cdc or reset) else None)
-    plan = ScanPlan(options, config, end_view.schema, _output_schema(config, end_view.schema, options),
+    plan = ScanPlan(options, config, end_view.schema, output_schema(config, end_view.schema, options),
                     completion={i.instant: i.completion for i in end_view.completed},
                     change_completion={i.instant: i.completion for i in in_range}, end=end,
                     metadata_used=index.used if index is not None else ())

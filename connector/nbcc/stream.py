@@ -26,7 +26,8 @@ Reading. An offset is a completion time `C`; the micro-batch after it reads the 
 completes late gets a completion time after every offset already handed out (one clock, §6), so
 it falls into a later micro-batch and is never missed. The first batch of a stream that starts at
 the beginning is the snapshot as of `E` (the same rows as that range, and readable even after a
-clean removed older files).
+clean removed older files). A stream of changes reads each range in the cdc format; its first
+batch from the beginning is that snapshot's rows as inserts (`as_changes`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,27 @@ import socket
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
+import pyarrow as pa
+
 from .clock import parse_time_option
 from .commit import WriteTransaction
 from .errors import CommitError, InvalidOptionError, LockLostError, StorageError
 from .heartbeat import beat, remove as remove_heartbeat
 from .rollback import rollback_instant, rollback_or_log
-from .scan import EARLIEST, INCREMENTAL, SNAPSHOT, ReadOptions, ScanPlan, plan_scan
+from .scan import (
+    CDC,
+    CHANGE_TYPE_COL,
+    COMPLETION_TIME_COL,
+    EARLIEST,
+    INCREMENTAL,
+    LATEST_STATE,
+    SNAPSHOT,
+    ReadOptions,
+    ScanPlan,
+    output_schema,
+    plan_scan,
+)
+from .schema import constant_strings
 from .storage import Storage
 from .timeline import (
     COMPLETED,
@@ -400,16 +416,19 @@ def next_offset(storage: Storage, start: str, limits: Limits = Limits(), upto: s
 
 
 def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta_columns: bool = False,
-               use_metadata_table: bool | None = None) -> ScanPlan:
+               use_metadata_table: bool | None = None, incremental_format: str = LATEST_STATE) -> ScanPlan:
     """The read plan of the micro-batch `(start, end]`: the rows of every key written by a data
-    commit that completed in it, as of `end` (deleted keys absent)."""
+    commit that completed in it, as of `end` (deleted keys absent); with `incremental_format=cdc`,
+    its changes. A cdc stream's first micro-batch from the beginning is a snapshot plan with the
+    meta columns: `as_changes` makes its rows changes."""
     if start == BEFORE_ALL:
         # Every key written up to `end`, as of `end`: the snapshot, which stays readable after a
         # clean (an incremental range from the beginning would need cleaned files).
-        options = ReadOptions(query_type=SNAPSHOT, as_of=end, include_meta_columns=include_meta_columns,
+        options = ReadOptions(query_type=SNAPSHOT, as_of=end,
+                              include_meta_columns=include_meta_columns or incremental_format == CDC,
                               use_metadata_table=use_metadata_table)
     else:
-        options = ReadOptions(query_type=INCREMENTAL, begin=start, end=end,
+        options = ReadOptions(query_type=INCREMENTAL, begin=start, end=end, incremental_format=incremental_format,
                               include_meta_columns=include_meta_columns, use_metadata_table=use_metadata_table)
     try:
         return plan_scan(storage, config, options)
@@ -428,3 +447,17 @@ def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta
             "cleaner kept, then every later commit (keys delivered before come again); "
             f"begin={first}, the earliest begin that can still be read, delivers every commit that completed "
             "after it, and skips the keys that only cleaned commits changed") from None
+
+
+def as_changes(plan: ScanPlan, rows: pa.Table) -> pa.Table:
+    """Rows of a cdc stream's first micro-batch (the snapshot as of its end, with meta columns)
+    as cdc rows: every key an insert, at the completion of the commit its row came from, as
+    Delta's change feed starts a stream with its snapshot's rows as inserts."""
+    changes = output_schema(plan.config, plan.schema, ReadOptions(query_type=INCREMENTAL, incremental_format=CDC))
+    row_type = changes.field("after").type
+    n = rows.num_rows
+    after = pa.StructArray.from_arrays([rows.column(f.name).combine_chunks() for f in row_type], fields=list(row_type))
+    return pa.table({**{k: rows.column(k) for k in plan.config.record_key},
+                     CHANGE_TYPE_COL: constant_strings("insert", n),
+                     COMPLETION_TIME_COL: rows.column(COMPLETION_TIME_COL),
+                     "before": pa.nulls(n, row_type), "after": after}).cast(changes)

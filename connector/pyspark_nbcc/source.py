@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -348,12 +348,15 @@ class NbccReader(DataSourceReader):
         shared = replace(plan, tasks=[])
         return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition,
+             convert: Callable[[ScanPlan, pa.Table], pa.Table] | None = None) -> Iterator[pa.RecordBatch]:
+        """The partition's rows; `convert` (plan, rows) -> rows: a stream's, before Spark's types."""
         if not isinstance(partition, TaskPartition):
             return  # Spark's placeholder partition for an empty plan
         storage = Storage(self.uri, self.storage_options)
         for task in partition.tasks:
             for rows in iter_task(storage, partition.plan, task):
+                rows = convert(partition.plan, rows) if convert else rows
                 yield from to_spark_rows(rows, self.arrow_schema).to_batches(max_chunksize=64 * 1024)
 
 

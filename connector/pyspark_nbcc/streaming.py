@@ -46,10 +46,20 @@ from nbcc.errors import CommitError, InvalidOptionError, SchemaError
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.rollback import rollback_instant
-from nbcc.scan import DEFAULT_MAX_PARTITION_BYTES, ReadOptions, pack_tasks, read_schema
+from nbcc.scan import (
+    CDC,
+    DEFAULT_MAX_PARTITION_BYTES,
+    INCREMENTAL,
+    LATEST_STATE,
+    SNAPSHOT,
+    ReadOptions,
+    pack_tasks,
+    read_schema,
+)
 from nbcc.storage import Storage
 from nbcc.stream import (
     Limits,
+    as_changes,
     check_stream_id,
     claim_batch,
     commit_batch,
@@ -212,13 +222,13 @@ class _ReadSetup:
     include_meta_columns: bool
     max_partition_bytes: int
     use_metadata_table: bool | None  # None: the metadata table's ready partitions, as batch reads
+    incremental_format: str
 
 
 # What a stream delivers, for users who reach for the batch reads' change options.
 STREAM_CHANGES_HINT = ("a stream delivers, per micro-batch, the latest state of the keys its commits wrote "
-                       "(deleted keys absent; deletes and overwrites are not delivered as changes); for "
-                       "changes with deletes, read batches with spark.read and query_type=incremental, "
-                       "incremental_format=cdc, begin=<the last end read>")
+                       "(deleted keys absent), or with incremental_format=cdc one row per change, deletes and "
+                       "overwrites included; as_of, query_type and end are for batch reads (spark.read)")
 
 
 def _batch_only_hint(names: Iterable[str]) -> str:
@@ -239,10 +249,12 @@ def _read_setup(options: dict[str, Any]) -> _ReadSetup:
     begin = parsed.get("begin")
     table = Table.open(uri, storage_options)
     initial_offset(table.storage, begin)  # a bad begin fails now, not at the first batch
-    meta = ReadOptions.build(include_meta_columns=parsed.get("include_meta_columns", False)).include_meta_columns
+    checked = ReadOptions.build(query_type=INCREMENTAL, incremental_format=parsed.get("incremental_format"),
+                                include_meta_columns=parsed.get("include_meta_columns", False))
     limits = Limits(max_commits=parsed.get("max_commits_per_trigger"), max_rows=parsed.get("max_rows_per_trigger"))
-    return _ReadSetup(table, begin, limits, meta, parsed.get("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES),
-                      parsed.get("use_metadata_table"))
+    return _ReadSetup(table, begin, limits, checked.include_meta_columns,
+                      parsed.get("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES), parsed.get("use_metadata_table"),
+                      checked.incremental_format)
 
 
 def stream_read_schema(options: dict[str, Any]) -> StructType:
@@ -253,7 +265,8 @@ def stream_read_schema(options: dict[str, Any]) -> StructType:
 
 
 def _own_schema(setup: _ReadSetup) -> StructType:
-    read_options = ReadOptions.build(include_meta_columns=setup.include_meta_columns,
+    read_options = ReadOptions.build(query_type=INCREMENTAL, incremental_format=setup.incremental_format,
+                                     include_meta_columns=setup.include_meta_columns,
                                      use_metadata_table=setup.use_metadata_table)
     return _spark_schema(read_schema(setup.table.storage, setup.table.config, read_options))
 
@@ -270,7 +283,8 @@ def stream_reader(options: dict[str, Any], schema: StructType | None,
         _check_given_schema(schema, own, setup.table.schema().names)
     return NbccStreamReader(setup.table.uri, setup.table.storage.storage_options, schema, setup.begin,
                             setup.limits, setup.include_meta_columns, setup.max_partition_bytes,
-                            setup.use_metadata_table, follows_table=follows_table)
+                            setup.use_metadata_table, follows_table=follows_table,
+                            incremental_format=setup.incremental_format)
 
 
 class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -278,7 +292,8 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, begin: str | None,
                  limits: Limits, include_meta_columns: bool, max_partition_bytes: int,
-                 use_metadata_table: bool | None = None, follows_table: bool = False):
+                 use_metadata_table: bool | None = None, follows_table: bool = False,
+                 incremental_format: str = LATEST_STATE):
         self.uri = uri
         self.storage_options = storage_options
         self.schema = schema
@@ -289,6 +304,7 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.use_metadata_table = use_metadata_table
         # The query reads the table's own columns (no .schema(...)): a column added later stops it.
         self.follows_table = follows_table
+        self.cdc = incremental_format == CDC
         self.target: str | None = None  # Trigger.AvailableNow: read nothing that completed later
         self._initial: str | None = None
 
@@ -334,10 +350,11 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return []
         table = Table.open(self.uri, self.storage_options)
         plan = plan_range(table.storage, table.config, begin, until, self.include_meta_columns,
-                          self.use_metadata_table)
-        known = set(self.schema.fieldNames())
-        added = [n for n in plan.schema.names if n not in known]
-        if added and self.follows_table:
+                          self.use_metadata_table, CDC if self.cdc else LATEST_STATE)
+        # (follows_table: the query's columns are the table's; a cdc query's are in before/after)
+        columns = (self.schema["after"].dataType if self.cdc else self.schema) if self.follows_table else None
+        added = [n for n in plan.schema.names if n not in columns.fieldNames()] if columns else []
+        if added:
             # Delivered without them, their values would be lost downstream: a restarted query
             # reads the table's columns anew, and replays this micro-batch with them.
             raise SchemaError(
@@ -351,8 +368,11 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        yield from NbccReader(self.uri, self.storage_options, self.schema, ReadOptions(),
-                              self.max_partition_bytes).read(partition)
+        # A cdc stream's first micro-batch from the beginning is a snapshot: its rows as inserts.
+        first_changes = (self.cdc and isinstance(partition, TaskPartition)
+                         and partition.plan.options.query_type == SNAPSHOT)
+        yield from NbccReader(self.uri, self.storage_options, self.schema, ReadOptions(), self.max_partition_bytes
+                              ).read(partition, as_changes if first_changes else None)
 
 
 def _offset(offset: dict | None) -> str:
