@@ -708,6 +708,28 @@ def test_spark_lookups_on_an_unsigned_key_with_values_it_cannot_hold(spark, tmp_
                 assert got == expected, (enabled, where)
 
 
+def test_spark_date_filters_in_the_days_the_julian_calendar_skipped(spark, tmp_path):
+    # Spark hands pushed date values over through the hybrid Julian/Gregorian calendar, where
+    # 1582-10-05..14 do not exist: each arrived as 1582-10-15, and matched that date's rows.
+    days = [dt.date(1582, 10, d) for d in (4, 5, 10, 14, 15, 16)] + [dt.date(1, 1, 1), dt.date(2026, 11, 26)]
+    schema = pa.schema([("id", pa.int64()), ("d", pa.date32()), ("p", pa.date32())])
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, schema, "id", partition_by="p", buckets=2).write(
+        pa.table({"id": range(len(days)), "d": days, "p": days}, schema=schema))
+    for column in ("d", "p"):
+        cases = {**{f"{column} = DATE'{d}'": [d] for d in days},
+                 f"{column} < DATE'1582-10-10'": [d for d in days if d < dt.date(1582, 10, 10)],
+                 f"{column} >= DATE'1582-10-14'": [d for d in days if d >= dt.date(1582, 10, 14)],
+                 f"{column} IN (DATE'1582-10-05', DATE'2026-11-26')": [days[1], days[-1]],
+                 f"{column} NOT IN (DATE'1582-10-05', DATE'1582-10-15')": [d for d in days if d not in (days[1], days[4])],
+                 f"{column} != DATE'1582-10-14'": [d for d in days if d != days[3]]}
+        for where, expected in cases.items():
+            for enabled in (False, True):
+                with pushdown(spark, enabled):
+                    got = sorted(r[column] for r in spark.read.format("nbcc").load(uri).where(where).collect())
+                assert got == sorted(expected), (enabled, where)
+
+
 def test_python_filters_on_uint64_past_the_int64_range(tmp_path):
     """Values >= 2**63 fit a uint64 column but not int64, which is what Arrow infers for a Python
     int: every operator on a uint64 key and a uint64 data column, before and after compaction."""

@@ -8,6 +8,7 @@ object here is plain data that pickles, and each step reopens what it needs from
 
 from __future__ import annotations
 
+import datetime
 import logging
 import sys
 from dataclasses import dataclass, field, replace
@@ -379,6 +380,13 @@ class NbccPushdownReader(NbccReader):
         self.options = replace(self.options, predicates=self.options.predicates + tuple(accepted))
 
 
+# Spark hands filter values to a Python data source as Python dates through the hybrid
+# Julian/Gregorian calendar, which lacks the ten days 1582-10-05..14: each of them arrives as
+# 1582-10-15. Taken as that date, `d = DATE '1582-10-10'` matched 1582-10-15's rows, and `<`
+# and `>` were off by those days.
+_GAP_DATE = datetime.date(1582, 10, 15)
+
+
 def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate | None:
     """The predicate for a Spark filter, or None if nbcc cannot apply it exactly."""
     negated = isinstance(f, Not)
@@ -412,6 +420,8 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
         if op is None:
             return None
         value = inner.value
+    if pa.types.is_date(field.type) and _GAP_DATE in (value if op == "in" else (value,)):
+        return None  # maybe another date: Spark applies it (_GAP_DATE)
     if negated:
         flipped = {"=": "!=", "in": "not_in", "is_null": "is_not_null", "is_not_null": "is_null"}
         if op not in flipped:
