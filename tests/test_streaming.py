@@ -681,6 +681,26 @@ def test_claims_a_rolled_back_batch_gets_a_new_instant(tmp_path):
     assert sorted(table.read().column("v").to_pylist()) == ["b0", "b1", "b2"]
 
 
+def test_claims_a_batch_rolled_back_and_archived_gets_a_new_instant_though_a_stalled_task_put_its_inflight_back(
+        tmp_path):
+    table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts", buckets=2)
+    first = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    assert table.rollback(first.instant)
+    for k in range(5):
+        table.write(_rows([k], "a"))
+    table.clean(retain_commits=2)
+    assert table.archive(retain_commits=2)["archived"] >= 1  # the rolled-back instant among them
+    # A task of the first attempt that stalled through all that puts its inflight file back.
+    table.storage.put_if_absent(f".nbcc/timeline/{first.instant}.deltacommit.inflight", b"{}")
+    assert [i.state for i in table.timeline() if i.instant == first.instant] == ["rolledback"]
+
+    replay = claim_batch(table.storage, table.clock, "s1", 0, "deltacommit")
+    assert (replay.attempt, replay.committed) == (1, False) and replay.instant != first.instant
+    template = _template(table)
+    commit_batch(template, "s1", 0, replay.instant, _write_into(table, template, replay.instant, _rows([9], "b")))
+    assert sorted(table.read().column("id").to_pylist()) == [0, 1, 2, 3, 4, 9]
+
+
 def test_claims_a_claimant_that_died_mid_begin_is_finished_by_the_next_task(tmp_path):
     # A claimant publishes `.requested` and the claim under the lock, then dies before the
     # heartbeat and `.inflight`: the next task of the batch writes into that instant.

@@ -145,11 +145,15 @@ def latest_claim(storage: Storage, stream_id: str, batch_id: int) -> dict[str, A
 
 def instant_state(storage: Storage, instant: str) -> str | None:
     """The state of one instant (None: not on the timeline), from a listing of its own names
-    and, if it has none, the history (it may have been archived since)."""
+    and, unless they show it completed, rolled back or still requested, the history (it may have
+    been archived since): the highest state of both, as Timeline.load finds."""
     own = [i for i in map(parse_instant_file, storage.list_names(TIMELINE_DIR, prefix=instant))
            if i is not None and i.instant == instant]
-    if not own:  # listed before the history: archival writes history first, then deletes
-        own = [i for i in load_history(storage) if i.instant == instant]
+    # No file, or only an `.inflight` that a task stalled through a rollback put back after the
+    # rollback's mark was archived (a pending instant keeps its `.requested` until it completes).
+    # The history is listed after the timeline: archival writes history first, then deletes.
+    if not {i.state for i in own} & {COMPLETED, ROLLEDBACK, REQUESTED}:
+        own += [i for i in load_history(storage) if i.instant == instant]
     found = Timeline(own).get(instant)
     return found.state if found else None
 
