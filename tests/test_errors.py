@@ -447,8 +447,14 @@ def test_spark_catalog_tables_are_refused_with_the_sql_way_that_works(spark, tab
                 spark.sql(statement).collect()
         with pytest.raises(Exception, match=r"no table path: .*an nbcc table cannot be a catalog table"):
             spark.createDataFrame([(9, "z", 1)], "id long, name string, ts long").write.format("nbcc").saveAsTable("nbcc_catalog_c")
+        query = (spark.readStream.format("rate").load().selectExpr("value AS id").writeStream.format("nbcc")
+                 .option("checkpointLocation", str(Path(table.uri).parent / "ck")).toTable("nbcc_catalog_d"))
+        with pytest.raises(Exception, match=r"no table path: .*an nbcc table cannot be a catalog table"):
+            query.awaitTermination(120)
+            query.stop()
     finally:
         spark.sql("DROP TABLE IF EXISTS nbcc_catalog_b")
+        spark.sql("DROP TABLE IF EXISTS nbcc_catalog_d")
     _unchanged(table, files, rows)
 
 

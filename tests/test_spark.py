@@ -100,7 +100,7 @@ def test_sql_reads_and_upserts_through_a_temporary_view(spark, local_table):
     first = nbcc.Table.open(uri).timeline()[-1].completion
     spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_sql_orders USING nbcc OPTIONS (path '{uri}')")
     spark.sql("INSERT INTO nbcc_sql_orders SELECT id, 'b', price, day, ts, 2 FROM nbcc_sql_orders WHERE id < 2")
-    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_sql_orders USING nbcc OPTIONS (path '{uri}')")  # a view reads the table as of its creation
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_sql_orders USING nbcc OPTIONS (path '{uri}')")  # a view keeps its first query's plan
     spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_sql_then USING nbcc OPTIONS (path '{uri}', as_of '{first}')")
     try:
         now = spark.sql("SELECT id, name, seq FROM nbcc_sql_orders ORDER BY id").collect()

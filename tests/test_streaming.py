@@ -20,7 +20,7 @@ import pytest
 from pyspark.errors import StreamingQueryException
 
 import nbcc
-from nbcc.errors import InvalidOptionError
+from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.filenames import make_token
 from nbcc.stream import KEEP_CLAIMS, check_owner, check_stream_id, claim_batch, commit_batch, prune_claims
 from nbcc.timeline import create_requested
@@ -979,8 +979,15 @@ def test_source_change_feed_options_say_what_a_stream_delivers(spark, tmp_path):
             ("incremental_format", "changes", "incremental_format must be one of latest_state, cdc; got 'changes'"),
             ("include_meta_columns", "true", "include_meta_columns does not apply to cdc")):
         reader = spark.readStream.format("nbcc").option("incremental_format", "cdc")
-        with pytest.raises(Exception, match=message):
+        with pytest.raises(Exception, match=message) as failed:
             reader.option(name, value).load(uri)
+        assert "only for query_type" not in str(failed.value)  # the batch read's complaint is not for a stream
+    # A column of the table is not a column of a cdc read (it is a field of before and after).
+    from pyspark_nbcc.streaming import stream_reader
+    from pyspark.sql.types import StructType, StructField, LongType, StringType
+    given = StructType([StructField("id", LongType()), StructField("v", StringType())])
+    with pytest.raises(SchemaError, match="names column 'v', which this read does not have"):
+        stream_reader({"path": uri, "incremental_format": "cdc"}, given)
 
 
 def _change_stream(spark, uri: str, checkpoint: Path):
@@ -1040,6 +1047,53 @@ def test_source_cdc_delivers_every_change_deletes_and_overwrites_included_so_a_c
                                                     5: ("delete", "a5", None), 6: ("delete", "a6", None)}
     apply(batch)
     assert mirror == {r["id"]: r["v"] for r in table.read().to_pylist()} == {0: "b0", 4: "c4"}
+
+
+def test_source_cdc_first_micro_batch_is_a_batch_cdc_read_from_earliest(tmp_path):
+    # Nested fields marked not null, a composite key, a partition column, a key deleted again.
+    from nbcc.scan import iter_task
+    from nbcc.stream import BEFORE_ALL, as_changes, plan_range
+
+    inner = pa.struct([pa.field("a", pa.int32(), nullable=False), pa.field("b", pa.string())])
+    schema = pa.schema([pa.field("k1", pa.string(), nullable=False), pa.field("k2", pa.int64(), nullable=False),
+                        pa.field("day", pa.string()), pa.field("s", inner), pa.field("tags", pa.list_(pa.string()))])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, ["k1", "k2"], partition_by="day", buckets=2)
+
+    def rows(keys, n):
+        return pa.table({"k1": [k for k, _ in keys], "k2": [k for _, k in keys], "day": [f"d{k % 2}" for _, k in keys],
+                         "s": [None if k == 3 else {"a": k * n, "b": f"b{n}"} for _, k in keys],
+                         "tags": [[f"t{n}"] * (k % 3) for _, k in keys]}, schema=schema)
+
+    table.write(rows([("x", k) for k in range(6)], 1))
+    table.write(rows([("x", 1), ("y", 1)], 2))
+    table.write(pa.table({"k1": ["x"], "k2": [4], "day": ["d0"]}), operation="delete")
+    end = table.timeline()[-1].completion
+    plan = plan_range(table.storage, table.config, BEFORE_ALL, end, incremental_format="cdc")
+    got = pa.concat_tables([as_changes(plan, rows) for task in plan.tasks for rows in iter_task(table.storage, plan, task)])
+    expected = table.read(query_type="incremental", begin="earliest", incremental_format="cdc")
+    assert got.schema == expected.schema
+    assert sorted(got.to_pylist(), key=repr) == sorted(expected.to_pylist(), key=repr)
+    assert len(got) == 6 and set(got.column("_change_type").to_pylist()) == {"insert"}
+
+
+def test_source_cdc_micro_batches_from_before_a_column_was_added_read_it_as_null(spark, tmp_path):
+    uri = str(tmp_path / "t")
+    table, _ = _table_with_commits(uri, range(0, 2))
+    table.write(_rows([0], "b", ts=2))
+    wider = ARROW_SCHEMA.append(pa.field("note", pa.string()))
+    table.write(pa.table({"id": [1], "v": ["c1"], "ts": [3], "note": ["n"]}, schema=wider))
+    batches = []
+    query = (spark.readStream.format("nbcc").option("incremental_format", "cdc").option("max_commits_per_trigger", 1)
+             .load(uri).writeStream.option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True)
+             .foreachBatch(lambda df, _: batches.append(sorted((r.id, r._change_type, r.before and r.before.asDict(),
+                                                                 r.after.asDict()) for r in df.collect())))
+             .start())
+    _run(query)
+    assert batches == [
+        [(0, "insert", None, {"id": 0, "v": "a0", "ts": 1, "note": None}),
+         (1, "insert", None, {"id": 1, "v": "a1", "ts": 1, "note": None})],
+        [(0, "update", {"id": 0, "v": "a0", "ts": 1, "note": None}, {"id": 0, "v": "b0", "ts": 2, "note": None})],
+        [(1, "update", {"id": 1, "v": "a1", "ts": 1, "note": None}, {"id": 1, "v": "c1", "ts": 3, "note": "n"})]]
 
 
 def test_source_cdc_from_the_beginning_after_a_clean_starts_from_a_kept_state(spark, tmp_path):

@@ -60,7 +60,7 @@ from .scan import (
     output_schema,
     plan_scan,
 )
-from .schema import constant_strings
+from .schema import constant_strings, null_array
 from .storage import Storage
 from .timeline import (
     COMPLETED,
@@ -455,8 +455,10 @@ def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta
 
 def as_changes(plan: ScanPlan, rows: pa.Table) -> pa.Table:
     """Rows of a cdc stream's first micro-batch (the snapshot as of its end, with meta columns)
-    as cdc rows: every key an insert, at the completion of the commit its row came from, as
-    Delta's change feed starts a stream with its snapshot's rows as inserts."""
+    as cdc rows: every key an insert, at the completion of the commit its row came from (the
+    winning record's: a later write that lost on ordering does not count, where a batch cdc read
+    from `earliest` takes the last commit that wrote the key), as Delta's change feed starts a
+    stream with its snapshot's rows as inserts."""
     changes = output_schema(plan.config, plan.schema, ReadOptions(query_type=INCREMENTAL, incremental_format=CDC))
     row_type = changes.field("after").type
     n = rows.num_rows
@@ -464,4 +466,4 @@ def as_changes(plan: ScanPlan, rows: pa.Table) -> pa.Table:
     return pa.table({**{k: rows.column(k) for k in plan.config.record_key},
                      CHANGE_TYPE_COL: constant_strings("insert", n),
                      COMPLETION_TIME_COL: rows.column(COMPLETION_TIME_COL),
-                     "before": pa.nulls(n, row_type), "after": after}).cast(changes)
+                     "before": null_array(n, row_type), "after": after}).cast(changes)

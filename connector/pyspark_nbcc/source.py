@@ -67,9 +67,8 @@ log = logging.getLogger(__name__)
 
 
 # Spark hands a Python data source no options at all when it reads or writes a catalog table
-# (CREATE TABLE ... USING nbcc, saveAsTable): not even its location. It adds these of its own
-# when such a table is created without a schema.
-_CATALOG_OPTIONS = {"provider", "owner", "location"}
+# (CREATE TABLE ... USING nbcc, saveAsTable): not even its location. It adds its own (provider,
+# owner, location) when such a table is created without a schema.
 _SQL_HINT = ("in SQL, name a table with CREATE TEMPORARY VIEW <name> USING nbcc OPTIONS (path '<uri>'); "
              "an nbcc table cannot be a catalog table (CREATE TABLE ... USING nbcc, saveAsTable, toTable), as "
              "Spark passes a Python data source no location or options when it reads or writes one")
@@ -161,6 +160,9 @@ def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
             columns.append(null_array(rows.num_rows, f.type))
             continue
         col = rows.column(f.name)
+        if pa.types.is_struct(col.type) and pa.types.is_struct(f.type) and \
+                [c.name for c in col.type] != [c.name for c in f.type]:
+            col = _struct_fields_as(col, f.type)
         if col.type != f.type:
             try:
                 col = col.cast(f.type, safe=not _sub_microsecond(col.type))
@@ -168,6 +170,19 @@ def to_spark_rows(rows: pa.Table, schema: pa.Schema) -> pa.Table:
                 raise SchemaError(f"column {f.name!r} ({col.type}) cannot be read as Spark's {f.type}: {exc}") from None
         columns.append(col)
     return pa.Table.from_arrays(columns, schema=schema)
+
+
+def _struct_fields_as(col: pa.ChunkedArray, target: pa.StructType) -> pa.ChunkedArray:
+    """A struct column with the fields of `target`, by name: a cdc read's `before`/`after` as
+    of a time before table columns were added lacks them, and they read as null (Arrow before
+    19 cannot cast a struct to one with other fields); fields `target` lacks are left out."""
+    chunks = []
+    for chunk in col.chunks:
+        have = {f.name: i for i, f in enumerate(chunk.type)}
+        children = [chunk.field(have[f.name]) if f.name in have else null_array(len(chunk), f.type) for f in target]
+        chunks.append(pa.StructArray.from_arrays(children, names=[f.name for f in target],
+                                                 mask=chunk.is_null() if chunk.null_count else None))
+    return pa.chunked_array(chunks) if chunks else pa.chunked_array([], target)
 
 
 def _check_given_schema(given: StructType, own: StructType, current: list[str]) -> None:
@@ -215,14 +230,14 @@ class DefaultSource(DataSource):
                 # Spark has not said yet which read this is: guess from the option names, and give
                 # only that read's complaint. Given an option only one of them knows (as_of,
                 # query_type, ... for a batch read; max_commits_per_trigger, ... for a stream),
-                # the user meant that one; `begin` without query_type means a stream too, as a
-                # batch read takes it only with query_type=incremental. Both complaints only when
+                # the user meant that one; `begin` or `incremental_format` without query_type means
+                # a stream too, as a batch read takes them only with query_type=incremental. Both complaints only when
                 # the names do not tell (a typo, or options of both).
                 names = {k.strip().lower() for k in self.options}
                 batch_only = names & (set(READ_OPTIONS) - set(STREAM_READ_OPTIONS))
                 stream_only = names & (set(STREAM_READ_OPTIONS) - set(READ_OPTIONS))
-                if not batch_only and "begin" in names:
-                    stream_only.add("begin")
+                if not batch_only:
+                    stream_only |= names & {"begin", "incremental_format"}
                 if str(stream_error) == str(batch_error) or (batch_only and not stream_only):
                     if batch_only & {"query_type", "incremental_format", "end"}:  # a change feed, maybe for a stream
                         from .streaming import STREAM_CHANGES_HINT
@@ -238,7 +253,7 @@ class DefaultSource(DataSource):
         table, options, max_bytes = self._read_setup()
         if schema != getattr(self, "_own_schema", None):  # given with .schema(...)
             _check_given_schema(schema, _spark_schema(read_schema(table.storage, table.config, options)),
-                                table.schema().names)
+                                [] if options.is_cdc else table.schema().names)  # cdc: columns in before/after
         cls = NbccPushdownReader if _pushdown_enabled() else NbccReader
         return cls(table.uri, table.storage.storage_options, schema, options, max_bytes)
 

@@ -280,7 +280,7 @@ def stream_reader(options: dict[str, Any], schema: StructType | None,
     schema = own if schema is None else schema
     follows_table = taken is not None and schema == taken  # maybe older than `own`: loaded before
     if schema != own and not follows_table:  # given with .schema(...): checked as a batch read's is
-        _check_given_schema(schema, own, setup.table.schema().names)
+        _check_given_schema(schema, own, [] if setup.incremental_format == CDC else setup.table.schema().names)
     return NbccStreamReader(setup.table.uri, setup.table.storage.storage_options, schema, setup.begin,
                             setup.limits, setup.include_meta_columns, setup.max_partition_bytes,
                             setup.use_metadata_table, follows_table=follows_table,
