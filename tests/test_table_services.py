@@ -847,6 +847,36 @@ def test_archival_keeps_timeline_and_reads_and_an_archived_commits_live_log_surv
     assert not [f for f in data_files(uri) if f.startswith("part=cold/") and ".log." in f]
 
 
+def test_a_range_refused_only_for_its_state_at_begin_names_the_compaction_not_missing_commits(local_table):
+    # A compaction between begin and the window: no commit of the range is gone, the state at
+    # begin may be. The errors said the range held commits older than the window.
+    from nbcc.stream import plan_range
+
+    uri, _ = local_table
+    table = new_table(uri)
+    ref = Ref()
+    c1, c2 = (completion_of(table, ref.write(table, [1, 2], f"a{n}")) for n in range(2))
+    compaction = completion_of(table, table.compact())
+    c3, c4 = (completion_of(table, ref.write(table, [2, 3], f"b{n}")) for n in range(2))
+    table.clean(retain_commits=2)  # the window starts at c3
+    assert table.read(query_type="incremental", begin=c2).num_rows == 2  # latest_state needs no state at begin
+    with pytest.raises(nbcc.InvalidOptionError) as refused:
+        table.read(query_type="incremental", begin=c2, incremental_format="cdc")
+    message = str(refused.value)
+    assert "needs the table's state at begin (a cdc read)" in message and "before the oldest retained" not in message
+    assert f"the compaction that completed at {compaction} replaced the files" in message
+    assert message.endswith(f"Use begin >= {compaction}.")
+    with pytest.raises(nbcc.InvalidOptionError) as refused:
+        plan_range(table.storage, table.config, c2, c4, incremental_format="cdc")
+    message = str(refused.value)
+    assert f"micro-batch ({c2}, {c4}] needs the table's state at {c2} (the stream reads changes)" in message
+    assert f"the compaction that completed at {compaction}" in message and "commits it holds" not in message
+    assert plan_range(table.storage, table.config, c2, c4).tasks  # a latest_state stream goes on
+    # One that lacks a commit is still told so.
+    with pytest.raises(nbcc.InvalidOptionError, match=f"reaches before the oldest retained commit.*Use begin >= {c2}"):
+        table.read(query_type="incremental", begin=c1)
+
+
 def test_archival_without_clean_keeps_every_read_and_incremental_from_archived_range(local_table, children):
     uri, _ = local_table
     table = new_table(uri)

@@ -131,6 +131,14 @@ def _size(n: float) -> str:
     return f"{n:.1f} {unit}"
 
 
+def _earliest_begin(limits: dict[str, str] | None) -> str:
+    if limits is None:
+        return "earliest (no clean ran)"
+    if limits["cdc"] == limits["latest_state"]:
+        return limits["cdc"]
+    return f"{limits['latest_state']} (cdc, or a range with an overwrite: {limits['cdc']})"
+
+
 def cmd_describe(args: argparse.Namespace) -> int:
     d = _open(args).describe()
     if args.json:
@@ -159,11 +167,10 @@ def cmd_describe(args: argparse.Namespace) -> int:
              for n, (action, by_state) in enumerate(sorted(d["instants"].items()))] or [["instants", "none"]]
     rows += [
         ["archived instants", str(d["archived_instants"])],
-        ["latest commit", f"{latest['instant']} {latest['action']}, completed {latest['completion']}" if latest else "-"],
+        ["latest data commit", f"{latest['instant']} {latest['action']}, completed {latest['completion']}" if latest else "-"],
         ["pending compactions", ", ".join(d["pending_compactions"]) or "-"],
         ["oldest as_of", d["oldest_as_of"] or "- (no commit yet)"],
-        ["earliest begin", "earliest (no clean ran)" if d["earliest_begin"] is None else
-         f"{d['earliest_begin']['latest_state']} (cdc, or a range with an overwrite: {d['earliest_begin']['cdc']})"],
+        ["earliest begin", _earliest_begin(d["earliest_begin"])],
         ["snapshot read", f"{_n(fs['file_groups'], 'file group')}"
                           f"{' in ' + _n(fs['partitions'], 'partition') if d['partition_by'] else ''}: "
                           f"{_n(fs['base_files'], 'base file')}, {_n(fs['log_files'], 'log file')}, "

@@ -51,7 +51,15 @@ from .schema import (
 )
 from .storage import Storage
 from .timeline import DATA_ACTIONS, REPLACE_COMMIT, Timeline, earliest_retained, read_commit_metadata
-from .view import TableView, check_readable, earliest_begin, schema_as_of, slices_by_group, table_view
+from .view import (
+    TableView,
+    check_readable,
+    earliest_begin,
+    schema_as_of,
+    slices_by_group,
+    state_lost_by,
+    table_view,
+)
 
 SNAPSHOT, INCREMENTAL, READ_OPTIMIZED = "snapshot", "incremental", "read_optimized"
 QUERY_TYPES = (SNAPSHOT, INCREMENTAL, READ_OPTIMIZED)
@@ -417,6 +425,13 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     retained = earliest_retained(storage, timeline)
     if retained is not None:
         first = earliest_begin(timeline, retained, options.is_cdc or reset)
+        if first > begin >= earliest_begin(timeline, retained, False):  # no data commit is missing
+            raise InvalidOptionError(
+                f"begin={options.begin or EARLIEST}: this read needs the table's state at begin "
+                f"({'a cdc read' if options.is_cdc else 'the range holds an overwrite'}), and "
+                f"{state_lost_by(timeline, first)} (the window the cleaner retained starts at {retained}). "
+                f"Use begin >= {first}."
+            )
         if begin < first:
             raise InvalidOptionError(
                 f"begin={options.begin or EARLIEST} reaches before the oldest retained commit (completed at "

@@ -76,7 +76,7 @@ from .timeline import (
     parse_instant_file,
     read_commit_metadata,
 )
-from .view import earliest_begin
+from .view import earliest_begin, state_lost_by
 
 log = logging.getLogger(__name__)
 
@@ -443,10 +443,19 @@ def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta
             raise
         # The stream's own offsets, not the as_of or begin the user never gave, and what to do.
         first = earliest_begin(timeline, retained, needs_begin_state=True)  # a begin that serves any range
+        if start != BEFORE_ALL and start >= earliest_begin(timeline, retained, False):
+            # No commit of the range is missing: the state at its begin is (cdc, or an overwrite).
+            why = (f"needs the table's state at {start} ("
+                   f"{'the stream reads changes' if options.is_cdc else 'the range holds an overwrite'}), and "
+                   f"{state_lost_by(timeline, first)} (the window the cleaner retained starts at {retained}). "
+                   "Such a stream must not lag behind a compaction older than the window: choose retain_commits "
+                   "to cover that lag")
+        else:
+            why = (f"reaches before the window the cleaner retained, which starts at {retained}: commits it "
+                   "holds completed before the window, and their files may have been cleaned. Choose "
+                   "retain_commits to cover the longest the stream may lag")
         raise InvalidOptionError(
-            f"the stream's micro-batch ({start}, {end}] reaches before the window the cleaner retained, "
-            f"which starts at {retained}: commits it holds completed before the window, and their files may "
-            "have been cleaned. Choose retain_commits to cover the longest the stream may lag. To go on, "
+            f"the stream's micro-batch ({start}, {end}] {why}. To go on, "
             "start the query from a new checkpoint: begin=earliest delivers the table as of a time the "
             "cleaner kept, then every later commit (keys delivered before come again); "
             f"begin={first}, the earliest begin that can still be read, delivers every commit that completed "

@@ -262,3 +262,13 @@ def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> 
     blocking = [i for i in done if i.completion < window
                 and (i.action not in (CLEAN, INDEXING) if needs_begin_state else i.action in DATA_ACTIONS)]
     return max((i.completion for i in blocking), default=window)
+
+
+def state_lost_by(timeline: Timeline, first: str) -> str:
+    """What took away the state a range beginning before `first` needs (where only reads that
+    need the state at begin are refused): the instant that completed at `first`, named."""
+    done = [i for i in timeline.completed() if i.completion == first]
+    what = {COMPACTION_COMMIT: "compaction", REPLACE_COMMIT: "overwrite"}.get(done[0].action, done[0].action) \
+        if done else "instant"
+    return (f"the {what} that completed at {first} replaced the files that state was read from, and the "
+            "cleaner may have deleted them")
