@@ -47,10 +47,8 @@ from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
 from nbcc.rollback import rollback_instant
 from nbcc.scan import (
-    CDC,
     DEFAULT_MAX_PARTITION_BYTES,
     INCREMENTAL,
-    LATEST_STATE,
     SNAPSHOT,
     ReadOptions,
     pack_tasks,
@@ -219,10 +217,10 @@ class _ReadSetup:
     table: Table
     begin: str | None
     limits: Limits
-    include_meta_columns: bool
     max_partition_bytes: int
-    use_metadata_table: bool | None  # None: the metadata table's ready partitions, as batch reads
-    incremental_format: str
+    # Each micro-batch's incremental read: incremental_format, include_meta_columns, and
+    # use_metadata_table (None: the metadata table's ready partitions, as batch reads).
+    options: ReadOptions
 
 
 # What a stream delivers, for users who reach for the batch reads' change options.
@@ -249,12 +247,12 @@ def _read_setup(options: dict[str, Any]) -> _ReadSetup:
     begin = parsed.get("begin")
     table = Table.open(uri, storage_options)
     initial_offset(table.storage, begin)  # a bad begin fails now, not at the first batch
-    checked = ReadOptions.build(query_type=INCREMENTAL, incremental_format=parsed.get("incremental_format"),
-                                include_meta_columns=parsed.get("include_meta_columns", False))
+    read_options = ReadOptions.build(query_type=INCREMENTAL, incremental_format=parsed.get("incremental_format"),
+                                     include_meta_columns=parsed.get("include_meta_columns", False),
+                                     use_metadata_table=parsed.get("use_metadata_table"))
     limits = Limits(max_commits=parsed.get("max_commits_per_trigger"), max_rows=parsed.get("max_rows_per_trigger"))
-    return _ReadSetup(table, begin, limits, checked.include_meta_columns,
-                      parsed.get("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES), parsed.get("use_metadata_table"),
-                      checked.incremental_format)
+    return _ReadSetup(table, begin, limits, parsed.get("max_partition_bytes", DEFAULT_MAX_PARTITION_BYTES),
+                      read_options)
 
 
 def stream_read_schema(options: dict[str, Any]) -> StructType:
@@ -265,10 +263,7 @@ def stream_read_schema(options: dict[str, Any]) -> StructType:
 
 
 def _own_schema(setup: _ReadSetup) -> StructType:
-    read_options = ReadOptions.build(query_type=INCREMENTAL, incremental_format=setup.incremental_format,
-                                     include_meta_columns=setup.include_meta_columns,
-                                     use_metadata_table=setup.use_metadata_table)
-    return _spark_schema(read_schema(setup.table.storage, setup.table.config, read_options))
+    return _spark_schema(read_schema(setup.table.storage, setup.table.config, setup.options))
 
 
 def stream_reader(options: dict[str, Any], schema: StructType | None,
@@ -280,31 +275,25 @@ def stream_reader(options: dict[str, Any], schema: StructType | None,
     schema = own if schema is None else schema
     follows_table = taken is not None and schema == taken  # maybe older than `own`: loaded before
     if schema != own and not follows_table:  # given with .schema(...): checked as a batch read's is
-        _check_given_schema(schema, own, [] if setup.incremental_format == CDC else setup.table.schema().names)
+        _check_given_schema(schema, own, [] if setup.options.is_cdc else setup.table.schema().names)
     return NbccStreamReader(setup.table.uri, setup.table.storage.storage_options, schema, setup.begin,
-                            setup.limits, setup.include_meta_columns, setup.max_partition_bytes,
-                            setup.use_metadata_table, follows_table=follows_table,
-                            incremental_format=setup.incremental_format)
+                            setup.limits, setup.options, setup.max_partition_bytes, follows_table=follows_table)
 
 
 class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of the commits that completed after the last offset, oldest first."""
 
     def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, begin: str | None,
-                 limits: Limits, include_meta_columns: bool, max_partition_bytes: int,
-                 use_metadata_table: bool | None = None, follows_table: bool = False,
-                 incremental_format: str = LATEST_STATE):
+                 limits: Limits, options: ReadOptions, max_partition_bytes: int, follows_table: bool = False):
         self.uri = uri
         self.storage_options = storage_options
         self.schema = schema
         self.begin = begin
         self.limits = limits
-        self.include_meta_columns = include_meta_columns
+        self.options = options  # each micro-batch's incremental read (_ReadSetup.options)
         self.max_partition_bytes = max_partition_bytes
-        self.use_metadata_table = use_metadata_table
         # The query reads the table's own columns (no .schema(...)): a column added later stops it.
         self.follows_table = follows_table
-        self.cdc = incremental_format == CDC
         self.target: str | None = None  # Trigger.AvailableNow: read nothing that completed later
         self._initial: str | None = None
 
@@ -349,10 +338,11 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if begin >= until:
             return []
         table = Table.open(self.uri, self.storage_options)
-        plan = plan_range(table.storage, table.config, begin, until, self.include_meta_columns,
-                          self.use_metadata_table, CDC if self.cdc else LATEST_STATE)
+        o = self.options
+        plan = plan_range(table.storage, table.config, begin, until, o.include_meta_columns, o.use_metadata_table,
+                          o.incremental_format)
         # (follows_table: the query's columns are the table's; a cdc query's are in before/after)
-        columns = (self.schema["after"].dataType if self.cdc else self.schema) if self.follows_table else None
+        columns = (self.schema["after"].dataType if o.is_cdc else self.schema) if self.follows_table else None
         added = [n for n in plan.schema.names if n not in columns.fieldNames()] if columns else []
         if added:
             # Delivered without them, their values would be lost downstream: a restarted query
@@ -369,7 +359,7 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         # A cdc stream's first micro-batch from the beginning is a snapshot: its rows as inserts.
-        first_changes = (self.cdc and isinstance(partition, TaskPartition)
+        first_changes = (self.options.is_cdc and isinstance(partition, TaskPartition)
                          and partition.plan.options.query_type == SNAPSHOT)
         yield from NbccReader(self.uri, self.storage_options, self.schema, ReadOptions(), self.max_partition_bytes
                               ).read(partition, as_changes if first_changes else None)
