@@ -57,7 +57,7 @@ from .view import (
     earliest_begin,
     schema_as_of,
     slices_by_group,
-    state_lost_by,
+    state_lost_at,
     table_view,
 )
 
@@ -425,12 +425,12 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     retained = earliest_retained(storage, timeline)
     if retained is not None:
         first = earliest_begin(timeline, retained, options.is_cdc or reset)
-        if first > begin >= earliest_begin(timeline, retained, False):  # no data commit is missing
+        lost = state_lost_at(timeline, retained, begin) if begin < first else None
+        if lost:  # no data commit of the range is missing
             raise InvalidOptionError(
                 f"begin={options.begin or EARLIEST}: this read needs the table's state at begin "
                 f"({'a cdc read' if options.is_cdc else 'the range holds an overwrite'}), and "
-                f"{state_lost_by(timeline, first)} (the window the cleaner retained starts at {retained}). "
-                f"Use begin >= {first}."
+                f"{lost} (the window the cleaner retained starts at {retained}). Use begin >= {first}."
             )
         if begin < first:
             raise InvalidOptionError(

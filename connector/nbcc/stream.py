@@ -76,7 +76,7 @@ from .timeline import (
     parse_instant_file,
     read_commit_metadata,
 )
-from .view import earliest_begin, state_lost_by
+from .view import earliest_begin, state_lost_at
 
 log = logging.getLogger(__name__)
 
@@ -443,11 +443,11 @@ def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta
             raise
         # The stream's own offsets, not the as_of or begin the user never gave, and what to do.
         first = earliest_begin(timeline, retained, needs_begin_state=True)  # a begin that serves any range
-        if start != BEFORE_ALL and start >= earliest_begin(timeline, retained, False):
-            # No commit of the range is missing: the state at its begin is (cdc, or an overwrite).
+        lost = state_lost_at(timeline, retained, start) if start != BEFORE_ALL else None
+        if lost:  # no commit of the range is missing: the state at its begin is (cdc, or an overwrite)
             why = (f"needs the table's state at {start} ("
                    f"{'the stream reads changes' if options.is_cdc else 'the range holds an overwrite'}), and "
-                   f"{state_lost_by(timeline, first)} (the window the cleaner retained starts at {retained}). "
+                   f"{lost} (the window the cleaner retained starts at {retained}). "
                    "Such a stream must not lag behind a compaction older than the window: choose retain_commits "
                    "to cover that lag")
         else:

@@ -264,9 +264,14 @@ def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> 
     return max((i.completion for i in blocking), default=window)
 
 
-def state_lost_by(timeline: Timeline, first: str) -> str:
-    """What took away the state a range beginning before `first` needs (where only reads that
-    need the state at begin are refused): the instant that completed at `first`, named."""
+def state_lost_at(timeline: Timeline, window: str, begin: str) -> str | None:
+    """Where a range from `begin` would be refused only for the state at begin it needs (cdc, an
+    overwrite in it): no data commit of it completed before `window`, but a compaction (or the
+    overwrite at `window`) replaced the files of that state. What did, named; None otherwise
+    (a range refused there lacks cleaned commits)."""
+    first = earliest_begin(timeline, window, True)
+    if not first > begin >= earliest_begin(timeline, window, False):
+        return None
     done = [i for i in timeline.completed() if i.completion == first]
     what = {COMPACTION_COMMIT: "compaction", REPLACE_COMMIT: "overwrite"}.get(done[0].action, done[0].action) \
         if done else "instant"
