@@ -116,15 +116,19 @@ def _ids(table: pa.Table) -> list[int]:
     return sorted(table.column("id").to_pylist())
 
 
-def _collecting_stream(spark, uri: str, checkpoint: Path, *, available_now: bool = True, **options):
-    """A stream from the nbcc source whose micro-batches are collected as (batch id, sorted ids)."""
-    batches: list[tuple[int, list[int]]] = []
+def _collecting_stream(spark, uri: str, checkpoint: Path, *, available_now: bool = True, summary=None, **options):
+    """A stream from the nbcc source whose micro-batches are collected as (batch id, sorted ids),
+    or as summary(rows of the micro-batch)."""
+    batches: list = []
     reader = spark.readStream.format("nbcc")
     for k, v in options.items():
         reader = reader.option(k, v)
 
     def collect(df, batch_id):
-        batches.append((batch_id, sorted(r.id for r in df.select("id").collect())))
+        if summary is not None:
+            batches.append(summary(df.collect()))
+        else:
+            batches.append((batch_id, sorted(r.id for r in df.select("id").collect())))
 
     w = reader.load(uri).writeStream.foreachBatch(collect).option("checkpointLocation", str(checkpoint))
     # Without availableNow: poll twice a second (the default polls in a tight loop).
@@ -993,14 +997,10 @@ def test_source_change_feed_options_say_what_a_stream_delivers(spark, tmp_path):
 def _change_stream(spark, uri: str, checkpoint: Path):
     """A cdc stream run to the end of what is there: its micro-batches as
     {key: (change type, before v, after v, completion time)} each."""
-    batches: list[dict] = []
-
-    def collect(df, batch_id):
-        batches.append({r.id: (r._change_type, r.before and r.before.v, r.after and r.after.v, r._nbcc_completion_time)
-                        for r in df.collect()})
-
-    query = (spark.readStream.format("nbcc").option("incremental_format", "cdc").load(uri).writeStream
-             .foreachBatch(collect).option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query, batches = _collecting_stream(
+        spark, uri, checkpoint, incremental_format="cdc",
+        summary=lambda rows: {r.id: (r._change_type, r.before and r.before.v, r.after and r.after.v,
+                                     r._nbcc_completion_time) for r in rows})
     _run(query)
     return batches
 
@@ -1082,12 +1082,10 @@ def test_source_cdc_micro_batches_from_before_a_column_was_added_read_it_as_null
     table.write(_rows([0], "b", ts=2))
     wider = ARROW_SCHEMA.append(pa.field("note", pa.string()))
     table.write(pa.table({"id": [1], "v": ["c1"], "ts": [3], "note": ["n"]}, schema=wider))
-    batches = []
-    query = (spark.readStream.format("nbcc").option("incremental_format", "cdc").option("max_commits_per_trigger", 1)
-             .load(uri).writeStream.option("checkpointLocation", str(tmp_path / "c")).trigger(availableNow=True)
-             .foreachBatch(lambda df, _: batches.append(sorted((r.id, r._change_type, r.before and r.before.asDict(),
-                                                                 r.after.asDict()) for r in df.collect())))
-             .start())
+    query, batches = _collecting_stream(
+        spark, uri, tmp_path / "c", incremental_format="cdc", max_commits_per_trigger=1,
+        summary=lambda rows: sorted((r.id, r._change_type, r.before and r.before.asDict(), r.after.asDict())
+                                    for r in rows))
     _run(query)
     assert batches == [
         [(0, "insert", None, {"id": 0, "v": "a0", "ts": 1, "note": None}),
