@@ -288,7 +288,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
         print(f"retained window starts at {result['earliest_retained']}, where an earlier clean put it "
               f"({why}, but files that reads before the window needed were deleted)")
     deleted = len(result.get("deleted") or [])
-    print(f"deleted {deleted} file{'' if deleted == 1 else 's'}")
+    print(f"deleted {_n(deleted, 'file')}")
     return 0
 
 
@@ -299,7 +299,7 @@ def cmd_archive(args: argparse.Namespace) -> int:
     if not n:
         print("nothing to archive: no completed instant is older than the retained window")
         return 0
-    print(f"archived {n} instant{'' if n == 1 else 's'} into {table.uri}/{HISTORY_DIR}/{result['file']}")
+    print(f"archived {_n(n, 'instant')} into {table.uri}/{HISTORY_DIR}/{result['file']}")
     return 0
 
 
