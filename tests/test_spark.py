@@ -127,6 +127,23 @@ def test_overwrite_replaces_earlier_commits_only(spark, local_table):
     assert actions == ["deltacommit", "replacecommit", "deltacommit"]
 
 
+def test_dynamic_partition_overwrite_replaces_only_the_partitions_written(spark, local_table):
+    uri, _ = local_table
+    df = spark.createDataFrame([(i, f"a-{i}", f"d{i % 3}") for i in range(9)], "id long, v string, day string")
+    df.write.format("nbcc").mode("append").option("record_key", "id").option("partition_by", "day").save(uri)
+    new = spark.createDataFrame([(0, "o-0", "d0"), (30, "o-30", "d0"), (1, "o-1", "d1")], "id long, v string, day string")
+    # Spark's option name, as for its file sources and Delta; values in any letter case.
+    new.write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "DYNAMIC").save(uri)
+    got = {(r.id, r.v) for r in spark.read.format("nbcc").load(uri).collect()}
+    assert got == {(0, "o-0"), (30, "o-30"), (1, "o-1"), (2, "a-2"), (5, "a-5"), (8, "a-8")}  # d2 kept
+    assert nbcc.Table.open(uri).timeline()[-1].action == "replacepartitions"
+    with pytest.raises(Exception, match="'partitionOverwriteMode' must be one of static, dynamic; got 'partition'"):
+        new.write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "partition").save(uri)
+    assert len(nbcc.Table.open(uri).timeline()) == 2  # nothing written
+    new.filter("id = 1").write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "static").save(uri)
+    assert [r.id for r in spark.read.format("nbcc").load(uri).collect()] == [1]
+
+
 def test_partitioned_table_layout_and_read(spark, any_table):
     uri, opts = any_table
     df = spark.createDataFrame(

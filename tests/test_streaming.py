@@ -549,6 +549,9 @@ def test_bad_streaming_write_options_fail_clearly_and_write_nothing(spark, tmp_p
         _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c1", recordkey="id"))
     with pytest.raises(StreamingQueryException, match=r"stream_id='my/stream' is not a valid stream id"):
         _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c2", stream_id="my/stream"))
+    # A batch write's option: a stream's micro-batches append.
+    with pytest.raises(StreamingQueryException, match="partitionOverwriteMode is an option of batch overwrites"):
+        _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c3", partitionOverwriteMode="dynamic"))
     assert not uri.exists()
 
 

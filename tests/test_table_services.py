@@ -693,10 +693,10 @@ def test_a_range_needing_the_state_before_an_overwrite_that_opens_the_window_is_
 
 @pytest.mark.parametrize("seed", range(6))
 def test_every_range_a_clean_leaves_readable_reads_what_it_read_before_the_clean(local_table, seed):
-    # Random histories of upserts, deletes, overwrites, compactions (some left pending) and
-    # cleans: every incremental range, in both formats, is either refused after a clean or gives
-    # exactly what it gave before the clean; and the range beginning at the earliest begin the
-    # error names is never refused.
+    # Random histories of upserts, deletes, overwrites (of the table or of one partition),
+    # compactions (some left pending) and cleans: every incremental range, in both formats, is
+    # either refused after a clean or gives exactly what it gave before the clean; and the range
+    # beginning at the earliest begin the error names is never refused.
     import random
 
     rng = random.Random(seed)
@@ -705,14 +705,17 @@ def test_every_range_a_clean_leaves_readable_reads_what_it_read_before_the_clean
     pending: list[str] = []
     for step in range(14):
         roll = rng.random()
-        if roll < 0.5:
+        if roll < 0.45:
             ref.write(table, rng.sample(KEYS, 8), f"u{step}")
-        elif roll < 0.6:
+        elif roll < 0.55:
             gone = rng.sample(KEYS, 4)
             table.write(pa.table({"id": pa.array(gone, pa.int64()), "part": [part_of(k) for k in gone]}),
                         operation="delete")
-        elif roll < 0.68:
+        elif roll < 0.62:
             table.write(ref.batch(rng.sample(KEYS, 10), f"o{step}")[0], mode="overwrite")
+        elif roll < 0.7:  # replaces one partition: the keys of its parity
+            keys = [k for k in rng.sample(KEYS, 10) if k % 2 == step % 2]
+            table.write(ref.batch(keys, f"p{step}")[0], mode="overwrite", partition_overwrite_mode="dynamic")
         elif roll < 0.85:
             tc = table.schedule_compaction()
             if tc is not None and rng.random() < 0.7:

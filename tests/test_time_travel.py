@@ -1133,7 +1133,7 @@ def test_cdc_of_a_few_changes_to_a_compacted_file_group_matches_the_states_at_be
     kwargs = {"query_type": "incremental", "begin": begin, "incremental_format": "cdc"}
     tasks = table.plan(**kwargs).tasks
     assert tasks and all(t.range_only for t in tasks) == (case == "range-outranks")
-    assert all(t.reset for t in tasks) == (case == "overwrite")
+    assert all(t.reset_completion for t in tasks) == (case == "overwrite")
     if case == "overwrite":  # 7 keys written in the range, 8 buckets: a file group only the overwrite touched
         assert any(not t.range_files for t in tasks)
 

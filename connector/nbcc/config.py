@@ -24,6 +24,11 @@ EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE = "event_time", "commit_time", "partial_
 MERGE_MODES = (EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE)
 UPSERT, DELETE = "upsert", "delete"
 OPERATIONS = (UPSERT, DELETE)
+# What mode("overwrite") replaces: the whole table, or only the partitions the write has rows in
+# (Spark's and Delta's option of this name; a Python data source never sees the session conf).
+STATIC, DYNAMIC = "static", "dynamic"
+PARTITION_OVERWRITE_MODES = (STATIC, DYNAMIC)
+PARTITION_OVERWRITE_MODE = "partitionoverwritemode"  # option names are matched in lower case
 
 DEFAULT_BUCKETS = 16
 # File group ids carry the bucket as 8 digits (Hudi's form, §11), so bucket ids stop at 99999999.
@@ -139,6 +144,10 @@ WRITE_OPTIONS: dict[str, OptionSpec] = {
                                            "schedule a compaction after every N delta commits"),
     "compaction_inline": OptionSpec(_bool_option("compaction_inline"),
                                     "true to also execute the scheduled compaction right after the commit"),
+    PARTITION_OVERWRITE_MODE: OptionSpec(
+        _choice("partitionOverwriteMode", PARTITION_OVERWRITE_MODES),
+        "with mode overwrite: static (default) replaces the whole table | dynamic replaces only the "
+        "partitions the data has rows in"),
 }
 def _text(value: Any) -> str:
     return str(value).strip()
@@ -163,7 +172,7 @@ READ_OPTIONS: dict[str, OptionSpec] = {
 STREAM_ID_DOC = ("the stream's identity, recorded in every commit with the batch id (default: Spark's "
                  "query id, kept in the checkpoint); letters, digits, '.', '_', '-'")
 STREAM_WRITE_OPTIONS: dict[str, OptionSpec] = {
-    **WRITE_OPTIONS,
+    **{k: v for k, v in WRITE_OPTIONS.items() if k != PARTITION_OVERWRITE_MODE},  # batch writes only
     "stream_id": OptionSpec(_text, STREAM_ID_DOC),
     "checkpointlocation": OptionSpec(_text, "Spark: the streaming query's checkpoint (Spark passes it on)"),
 }

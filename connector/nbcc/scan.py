@@ -50,11 +50,12 @@ from .schema import (
     null_array,
 )
 from .storage import Storage
-from .timeline import DATA_ACTIONS, REPLACE_COMMIT, Timeline, earliest_retained, read_commit_metadata
+from .timeline import DATA_ACTIONS, OVERWRITES, REPLACE_COMMIT, Timeline, earliest_retained, read_commit_metadata
 from .view import (
     TableView,
     check_readable,
     earliest_begin,
+    partition_cutoffs,
     schema_as_of,
     slices_by_group,
     state_lost_at,
@@ -152,7 +153,9 @@ class ScanTask:
     files: tuple[str, ...]  # what to merge for the result, in log order
     begin_files: tuple[str, ...] = ()  # cdc: what to merge for the state as of begin
     range_files: tuple[str, ...] = ()  # incremental: log files of the commits in the range
-    reset: bool = False  # an overwrite in the range: every key of the earlier state changed
+    # Completion of the latest overwrite in the range that replaced this partition: every key
+    # of the earlier state changed. None: no overwrite in the range replaced it.
+    reset_completion: str | None = None
     merged_already: bool = False  # `files` is one base file with one live row per key
     range_only: bool = False  # incremental: `files` are the range's files, which outrank all older ones
     bytes: int = 0  # size of the files to read (to pack tasks into engine partitions)
@@ -167,7 +170,6 @@ class ScanPlan:
     tasks: list[ScanTask] = field(default_factory=list)
     completion: dict[str, str] = field(default_factory=dict)  # instant -> completion, for meta columns
     change_completion: dict[str, str] = field(default_factory=dict)  # cdc: instants in the range
-    reset_completion: str | None = None  # completion of the latest overwrite in the range
     end: str | None = None  # incremental: the end of the range actually read
     metadata_used: tuple[str, ...] = ()  # the metadata table partitions the plan used
 
@@ -420,8 +422,11 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         raise InvalidOptionError(f"begin={begin} is after end={end}: the range (begin, end] is empty")
     end_view = table_view(storage, config, timeline, end, index)
     in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]
-    overwrites = [i.completion for i in in_range if i.action == REPLACE_COMMIT]
-    reset = bool(overwrites)
+    reset = any(i.action in OVERWRITES for i in in_range)
+    # The partitions an overwrite in the range replaced: (completion of the latest whole-table
+    # one, partition -> that of the latest dynamic one that wrote there).
+    reset_all = max((i.completion for i in in_range if i.action == REPLACE_COMMIT), default=None)
+    reset_by_partition = partition_cutoffs(in_range, end_view.metas)
     retained = earliest_retained(storage, timeline)
     if retained is not None:
         first = earliest_begin(timeline, retained, options.is_cdc or reset)
@@ -445,14 +450,17 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
                     completion={i.instant: i.completion for i in end_view.completed},
                     change_completion={i.instant: i.completion for i in in_range}, end=end,
                     metadata_used=index.used if index is not None else ())
-    plan.reset_completion = max(overwrites, default=None)
     range_files: dict[tuple[str, str], list[str]] = defaultdict(list)
     for inst in in_range:
         for f in end_view.metas[inst.instant]["files"]:
             range_files[(f["partition"], f["file_group"])].append(f["name"])
     end_groups = slices_by_group(storage, end_view)
     begin_groups = slices_by_group(storage, begin_view) if begin_view else {}
-    touched = set(range_files) | (set(begin_groups) if reset else set())
+
+    def reset_of(partition: str) -> str | None:
+        return max(reset_all or "", reset_by_partition.get(partition, "")) or None
+
+    touched = set(range_files) | {g for g in begin_groups if reset_of(g[0])}
     stats = FileStats(storage, end_view, index)
     info = stats.info
     allowed = _key_buckets(config, pinned)
@@ -460,7 +468,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         end_files = (files_to_merge(end_groups[(partition, fg)], False, end_view.pending_compactions)
                      if (partition, fg) in end_groups else ())
         begin_files = ()
-        if (options.is_cdc or reset) and (partition, fg) in begin_groups:
+        if (options.is_cdc or reset_of(partition)) and (partition, fg) in begin_groups:
             begin_files = files_to_merge(begin_groups[(partition, fg)], False, begin_view.pending_compactions)
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
                                             end_files or (), stats, allowed):
@@ -468,11 +476,11 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         group_range = tuple(range_files.get((partition, fg), ()))
         # For cdc too: the merge of the range's files alone is then the state at end of every
         # key they touch, and only the state at begin needs the older files.
-        range_only = not reset and _range_outranks_older(
+        range_only = not reset_of(partition) and _range_outranks_older(
             config, end_view.schema, partition, end_files or (), group_range, stats)
         files = group_range if range_only else tuple(end_files or ())
         size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files + tuple(begin_files or ()))
-        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, reset,
+        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, reset_of(partition),
                                    range_only=range_only, bytes=size))
     return plan
 
@@ -612,7 +620,7 @@ def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:
     """The distinct keys (the match column's values) that the range changed in this file group."""
     match = _match_column(plan.config)
     keys = _range_rows(storage, plan, task).column(match)
-    if task.reset and task.begin_files:
+    if task.reset_completion and task.begin_files:
         before = _merged(storage, plan.config, plan.schema, task.partition, task.begin_files)
         keys = pa.chunked_array(keys.chunks + before.column(match).chunks, keys.type)
     return pc.unique(keys.combine_chunks())
@@ -669,17 +677,16 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     # Only the changed keys' records are merged (a merge is per key): a small change to a large
     # file group no longer merges the whole group twice. After an overwrite every key at begin
     # changed, and a huge key set is cheaper to look up in the merged rows than in every file's.
-    only = None if task.reset or len(keys) > _PRE_MERGE_KEY_SET else keys
+    only = None if task.reset_completion or len(keys) > _PRE_MERGE_KEY_SET else keys
     columns = list(dict.fromkeys([*schema.names, match]))
     before = _merged(storage, config, schema, task.partition, task.begin_files, only).select(columns)
     # range_only: `files` are the range's files, which hold exactly the changed keys.
     after = _merged(storage, config, schema, task.partition, task.files,
                     None if task.range_only else only).select(columns)
-    if task.reset:  # an overwrite in the range changed every earlier key
+    if task.reset_completion:  # an overwrite in the range changed every earlier key
         extra = pc.filter(before.column(match), pc.invert(pc.is_in(before.column(match), value_set=keys)))
         keys = pa.concat_arrays([keys, extra.combine_chunks()])
-        reset_time = plan.reset_completion
-        last_change = pa.concat_arrays([last_change, constant_strings(reset_time, len(extra))])
+        last_change = pa.concat_arrays([last_change, constant_strings(task.reset_completion, len(extra))])
     b_idx = pc.index_in(keys, value_set=before.column(match).combine_chunks())
     a_idx = pc.index_in(keys, value_set=after.column(match).combine_chunks())
     b_rows, a_rows = _taken(before, b_idx), _taken(after, a_idx)

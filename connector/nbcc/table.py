@@ -20,6 +20,9 @@ from .config import (
     DEFAULT_HEARTBEAT_TIMEOUT_S,
     DEFAULT_LOCK_LEASE_MS,
     DELETE,
+    DYNAMIC,
+    PARTITION_OVERWRITE_MODE,
+    STATIC,
     TABLE_CONFIG_PATH,
     UPSERT,
     WRITE_OPTIONS,
@@ -44,7 +47,16 @@ from .metadata_table import KINDS
 from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, schema_read
 from .schema import evolve_schema
 from .storage import Storage
-from .timeline import COMPACTION, DATA_ACTIONS, DELTA_COMMIT, REPLACE_COMMIT, Instant, Timeline, earliest_retained
+from .timeline import (
+    COMPACTION,
+    DATA_ACTIONS,
+    DELTA_COMMIT,
+    REPLACE_COMMIT,
+    REPLACE_PARTITIONS,
+    Instant,
+    Timeline,
+    earliest_retained,
+)
 from .view import TableView, check_readable, earliest_begin, oldest_readable, schema_as_of, slices_by_group, table_view
 from .writer import LogWriter, check_rows, coalesced, prepare
 
@@ -165,9 +177,11 @@ class Table:
     # -- writing -----------------------------------------------------------------------------
 
     def prepare_write(self, incoming_schema: pa.Schema, operation: str = UPSERT,
-                      overwrite: bool = False) -> WriteTransaction:
+                      overwrite: bool = False, partition_overwrite_mode: str = STATIC) -> WriteTransaction:
         """Check `incoming_schema` against the table's schema and make the transaction that writes
-        it, not begun (a streaming sink begins one instant per micro-batch from it)."""
+        it, not begun (a streaming sink begins one instant per micro-batch from it). An overwrite
+        with `partition_overwrite_mode="dynamic"` replaces only the partitions it writes rows to
+        (on a table without partition columns: the whole table, as in Spark)."""
         check_write_operation(operation, overwrite)
         current = self.schema()
         missing = [c for c in self.config.record_key + self.config.partition_by if c not in incoming_schema.names]
@@ -182,19 +196,23 @@ class Table:
                 "which version of a record wins (deletes may leave it out)"
             )
         new_schema = evolve_schema(current, incoming_schema, delete=operation == DELETE)
+        action = DELTA_COMMIT
+        if overwrite:
+            dynamic = partition_overwrite_mode == DYNAMIC and self.config.partition_by
+            action = REPLACE_PARTITIONS if dynamic else REPLACE_COMMIT
         return WriteTransaction(
-            self.storage, self.clock, REPLACE_COMMIT if overwrite else DELTA_COMMIT,
-            "overwrite" if overwrite else operation, new_schema,
+            self.storage, self.clock, action, "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
             partition_depth=len(self.config.partition_by),
         )
 
     def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False,
-                    check_first: Callable[[pa.Schema], None] | None = None) -> WriteTransaction:
+                    check_first: Callable[[pa.Schema], None] | None = None,
+                    partition_overwrite_mode: str = STATIC) -> WriteTransaction:
         """Check `incoming_schema` and start an instant (the first half of a write; used by the
         Spark connector, whose tasks write the files). `check_first(table_schema)` runs after the
         schema checks and before the instant exists, so a failing check writes nothing."""
-        txn = self.prepare_write(incoming_schema, operation, overwrite)
+        txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode)
         if check_first is not None:
             check_first(txn.schema)
         txn.begin()
@@ -204,12 +222,13 @@ class Table:
         return LogWriter(self.storage, self.config, txn.schema, txn.instant, token, max_log_file_bytes)
 
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
-              max_log_file_bytes: int | None = None, compaction_delta_commits: int | None = None,
-              compaction_inline: bool = False) -> str:
+              partition_overwrite_mode: str = STATIC, max_log_file_bytes: int | None = None,
+              compaction_delta_commits: int | None = None, compaction_inline: bool = False) -> str:
         """Write `data` as one commit; returns its instant.
 
         `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key) or
-        "delete" (the rows' keys are deleted). `mode="overwrite"` replaces the table's contents.
+        "delete" (the rows' keys are deleted). `mode="overwrite"` replaces the table's contents;
+        with `partition_overwrite_mode="dynamic"`, only those of the partitions `data` has rows in.
         Bad data raises before anything is written when `data` is a Table; a stream that turns
         bad part-way, or a write failing for any other reason, is rolled back at once.
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
@@ -218,8 +237,8 @@ class Table:
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
         # Checked as the Spark options are: `operation` in any letter case, among the others.
         given, _ = parse_options({"operation": operation, "compaction_delta_commits": compaction_delta_commits,
-                                  "compaction_inline": compaction_inline,
-                                  "max_log_file_bytes": max_log_file_bytes}, WRITE_OPTIONS, "write")
+                                  "compaction_inline": compaction_inline, "max_log_file_bytes": max_log_file_bytes,
+                                  PARTITION_OVERWRITE_MODE: partition_overwrite_mode}, WRITE_OPTIONS, "write")
         operation = given.get("operation", UPSERT)
         schema, batches = _as_batches(data)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
@@ -233,7 +252,8 @@ class Table:
                 check_rows(rows, self.config, table_schema, operation)
 
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
-                               check_first=check_all if isinstance(whole, pa.Table) else None)
+                               check_first=check_all if isinstance(whole, pa.Table) else None,
+                               partition_overwrite_mode=given[PARTITION_OVERWRITE_MODE])
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):

@@ -27,7 +27,12 @@ TIMELINE_DIR = ".nbcc/timeline"
 
 DELTA_COMMIT = "deltacommit"  # upserts and deletes: log files
 REPLACE_COMMIT = "replacecommit"  # overwrite: hides everything that completed before it
-DATA_ACTIONS = (DELTA_COMMIT, REPLACE_COMMIT)  # the commits that change records
+# Dynamic partition overwrite: hides, in each partition it wrote files to, everything there that
+# completed before it. A name of its own (not a field of the metadata), so that every reader
+# learns the scope from the listing alone, metadata table or not.
+REPLACE_PARTITIONS = "replacepartitions"
+OVERWRITES = (REPLACE_COMMIT, REPLACE_PARTITIONS)
+DATA_ACTIONS = (DELTA_COMMIT, *OVERWRITES)  # the commits that change records
 COMPACTION = "compaction"  # a pending compaction: <Tc>.compaction.requested holds its plan
 COMPACTION_COMMIT = "commit"  # a completed compaction: <Tc>_<completion>.commit lists base files
 CLEAN = "clean"  # files deleted: <instant>_<completion>.clean records them and the window kept

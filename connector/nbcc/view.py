@@ -5,7 +5,8 @@ an incremental range, may reach once a clean deleted files (§12.5, §12.7).
 Time travel (`as_of=T`, RFC-66): only commits whose completion time is <= T exist; a commit that
 started before T but completed after it is treated as pending, so the latest file slice of each
 file group is exactly its state at T. An overwrite (`replacecommit`) hides every file of the
-commits that completed before it. Where the metadata table's `files` partition is ready
+commits that completed before it; a dynamic partition overwrite (`replacepartitions`) does so
+only in the partitions it wrote files to. Where the metadata table's `files` partition is ready
 (index_view.py), the files and schemas of the instants it covers come from it instead of their
 commit files (format.md §18.5).
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
@@ -33,7 +34,9 @@ from .timeline import (
     COMPACTION_COMMIT,
     DATA_ACTIONS,
     INDEXING,
+    OVERWRITES,
     REPLACE_COMMIT,
+    REPLACE_PARTITIONS,
     Instant,
     Timeline,
     earliest_retained,
@@ -51,7 +54,13 @@ class TableView:
     completion: dict[str, str | None]  # instant -> completion time, None if not completed by as_of
     pending_compactions: list[str]  # compaction instants scheduled by as_of, not completed by it
     schema: pa.Schema
-    overwrite_cutoff: str | None  # completion time of the latest overwrite
+    overwrite_cutoff: str | None  # completion time of the latest overwrite of the whole table
+    # partition -> completion time of the latest dynamic partition overwrite that wrote to it
+    partition_cutoffs: dict[str, str] = field(default_factory=dict)
+
+    def cutoff(self, partition: str) -> str | None:
+        """The completion time before which the partition's commits are hidden by an overwrite."""
+        return max(self.overwrite_cutoff or "", self.partition_cutoffs.get(partition, "")) or None
 
     def file_info(self) -> dict[tuple[str, str], dict[str, Any]]:
         """(partition, file name) -> its descriptor in the commit metadata. One commit writes
@@ -72,7 +81,18 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
                if i.action in (COMPACTION, COMPACTION_COMMIT) and (as_of is None or i.instant <= as_of)
                and i.instant not in done and i.state != "rolledback"]
     cutoff = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
-    return TableView(completed, metas, completion, pending, schema, cutoff)
+    return TableView(completed, metas, completion, pending, schema, cutoff, partition_cutoffs(completed, metas))
+
+
+def partition_cutoffs(completed: Iterable[Instant], metas: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+    """partition -> completion time of the latest dynamic partition overwrite among `completed`
+    (completion order) that wrote files to it: the partitions such an overwrite replaced."""
+    out: dict[str, str] = {}
+    for inst in completed:
+        if inst.action == REPLACE_PARTITIONS:
+            for f in metas[inst.instant]["files"]:
+                out[f["partition"]] = inst.completion
+    return out
 
 
 @dataclass(frozen=True)
@@ -175,7 +195,8 @@ def _metadata(storage: Storage, completed: list[Instant], index: MetadataIndex |
     return {i.instant: metas[i.instant] for i in completed}
 
 
-def _visible(inst: Instant, meta: Mapping[str, Any], cutoff: str | None) -> bool:
+def _visible(inst: Instant, cutoff: str | None) -> bool:
+    """Whether an overwrite whose completion is `cutoff` leaves the instant's files visible."""
     if cutoff is None:
         return True
     if inst.action == COMPACTION_COMMIT:
@@ -186,10 +207,10 @@ def _visible(inst: Instant, meta: Mapping[str, Any], cutoff: str | None) -> bool
 def slices_by_group(storage: Storage, view: TableView) -> dict[tuple[str, str], list[FileSlice]]:
     """(partition, file group) -> its file slices as of the view, newest first."""
     files: dict[str, list[str]] = defaultdict(list)
+    cutoffs = {p: view.cutoff(p) for p in view.partition_cutoffs}
     for inst in view.completed:
-        meta = view.metas[inst.instant]
-        if _visible(inst, meta, view.overwrite_cutoff):
-            for f in meta["files"]:
+        for f in view.metas[inst.instant]["files"]:
+            if _visible(inst, cutoffs.get(f["partition"], view.overwrite_cutoff)):
                 files[f["partition"]].append(f["name"])
     pending: dict[str, dict[str, str]] = defaultdict(dict)
     for tc in view.pending_compactions:
@@ -257,7 +278,7 @@ def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> 
     not be an overwrite (it hid the older files). The range then holds the oldest retained
     commit, which no range beginning at `window` can."""
     done = timeline.completed()
-    if needs_begin_state and any(i.completion == window and i.action == REPLACE_COMMIT for i in done):
+    if needs_begin_state and any(i.completion == window and i.action in OVERWRITES for i in done):
         return window
     blocking = [i for i in done if i.completion < window
                 and (i.action not in (CLEAN, INDEXING) if needs_begin_state else i.action in DATA_ACTIONS)]
@@ -273,7 +294,8 @@ def state_lost_at(timeline: Timeline, window: str, begin: str) -> str | None:
     if not first > begin >= earliest_begin(timeline, window, False):
         return None
     done = [i for i in timeline.completed() if i.completion == first]
-    what = {COMPACTION_COMMIT: "compaction", REPLACE_COMMIT: "overwrite"}.get(done[0].action, done[0].action) \
+    what = {COMPACTION_COMMIT: "compaction", REPLACE_COMMIT: "overwrite",
+            REPLACE_PARTITIONS: "partition overwrite"}.get(done[0].action, done[0].action) \
         if done else "instant"
     return (f"the {what} that completed at {first} replaced the files that state was read from, and the "
             "cleaner may have deleted them")

@@ -42,7 +42,16 @@ from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantT
 from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
-from nbcc.config import READ_OPTIONS, STREAM_READ_OPTIONS, WRITE_OPTIONS, TableConfig, check_write_operation, parse_options
+from nbcc.config import (
+    PARTITION_OVERWRITE_MODE,
+    READ_OPTIONS,
+    STATIC,
+    STREAM_READ_OPTIONS,
+    WRITE_OPTIONS,
+    TableConfig,
+    check_write_operation,
+    parse_options,
+)
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
@@ -260,9 +269,11 @@ class DefaultSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> "NbccWriter":
         uri = _table_uri(self.options)
         options, storage_options = parse_options(self.options, WRITE_OPTIONS, "write")
+        partition_overwrite_mode = options.pop(PARTITION_OVERWRITE_MODE, STATIC)
         table, arrow_schema, operation, max_bytes, trigger = open_for_write(
             uri, options, storage_options, schema, overwrite)
-        txn = table.begin_write(arrow_schema, operation, overwrite=overwrite)
+        txn = table.begin_write(arrow_schema, operation, overwrite=overwrite,
+                                partition_overwrite_mode=partition_overwrite_mode)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger)
 
     def streamWriter(self, schema: StructType, overwrite: bool):

@@ -41,7 +41,14 @@ from pyspark.sql.types import StructType
 from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
-from nbcc.config import READ_OPTIONS, STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, TableConfig, parse_options
+from nbcc.config import (
+    PARTITION_OVERWRITE_MODE,
+    READ_OPTIONS,
+    STREAM_READ_OPTIONS,
+    STREAM_WRITE_OPTIONS,
+    TableConfig,
+    parse_options,
+)
 from nbcc.errors import CommitError, InvalidOptionError, SchemaError
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
@@ -93,6 +100,10 @@ class NbccStreamCommitMessage(WriterCommitMessage):
 
 def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) -> "NbccStreamWriter":
     uri = _table_uri(options)
+    if PARTITION_OVERWRITE_MODE in {str(k).strip().lower() for k in options}:
+        raise InvalidOptionError(
+            "partitionOverwriteMode is an option of batch overwrites (df.write.mode(\"overwrite\")): a stream's "
+            "micro-batches upsert, or in complete output mode each replaces the whole table; leave it out")
     parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
     stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
     parsed.pop("checkpointlocation", None)

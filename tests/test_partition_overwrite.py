@@ -1,0 +1,223 @@
+"""Dynamic partition overwrite: `mode="overwrite"` with `partitionOverwriteMode=dynamic` replaces
+only the partitions the write has rows in (Spark's file sources, Delta and Hudi's
+`insert_overwrite` do the same); every other partition keeps its rows.
+
+The randomized test keeps its own model of the table in plain Python (one dict per key, and the
+partition each key lives in) and checks every read the format offers against it: snapshots,
+`as_of` every completed commit, and incremental ranges in both formats, with compactions (some
+left pending across an overwrite) and the metadata table on and off.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+import nbcc
+
+SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.string()), ("ts", pa.int64()), ("v", pa.string())])
+DAYS = ("d1", "d2", "d3")
+COLUMNS = ["id", "day", "ts", "v"]
+
+
+def day_of(key: int) -> str:
+    return DAYS[key % len(DAYS)]  # a key lives in one partition for ever
+
+
+def new_table(uri: str, partition_by: str | None = "day") -> nbcc.Table:
+    return nbcc.Table.create(uri, SCHEMA, "id", ordering_field="ts", partition_by=partition_by, buckets=2)
+
+
+def rows_of(result: pa.Table) -> dict[int, dict[str, Any]]:
+    rows = result.select(COLUMNS).to_pylist()
+    by_key = {r["id"]: r for r in rows}
+    assert len(by_key) == len(rows), "a key read twice"
+    return by_key
+
+
+def batch(keys, ts: int, tag: str) -> pa.Table:
+    return pa.Table.from_pylist([{"id": k, "day": day_of(k), "ts": ts, "v": f"{tag}-{k}"} for k in keys], schema=SCHEMA)
+
+
+def last_completed(table: nbcc.Table) -> Any:
+    return [i for i in table.timeline() if i.completion][-1]
+
+
+def test_dynamic_overwrite_replaces_only_the_partitions_written_and_time_travel_sees_before(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(9), 1, "a"))  # keys 0..8: three per day
+    before = last_completed(table).completion
+    table.write(batch([0, 3, 30], 2, "o"), mode="overwrite", partition_overwrite_mode="dynamic")  # d1 only
+    overwrite = last_completed(table)
+    assert overwrite.action == "replacepartitions"
+    got = rows_of(table.read())
+    assert {k: r["v"] for k, r in got.items()} == {
+        0: "o-0", 3: "o-3", 30: "o-30",  # d1: exactly the overwrite's rows (key 6 is gone)
+        1: "a-1", 4: "a-4", 7: "a-7", 2: "a-2", 5: "a-5", 8: "a-8"}  # d2, d3 untouched
+    assert set(rows_of(table.read(as_of=before))) == set(range(9))
+    # A change feed shows the key the overwrite dropped (6) as deleted by it, and no other partition.
+    cdc = table.read(query_type="incremental", begin=before, incremental_format="cdc").to_pylist()
+    assert {r["id"]: (r["_change_type"], r["_nbcc_completion_time"]) for r in cdc} == {
+        0: ("update", overwrite.completion), 3: ("update", overwrite.completion),
+        30: ("insert", overwrite.completion), 6: ("delete", overwrite.completion)}
+    # Writes after the overwrite merge with its rows, in every partition.
+    table.write(batch([6, 1], 3, "n"))
+    got = rows_of(table.read())
+    assert got[6]["v"] == "n-6" and got[1]["v"] == "n-1" and got[0]["v"] == "o-0"
+    # The same result through the metadata table.
+    table.build_index()
+    assert rows_of(table.read(use_metadata_table=True)) == rows_of(table.read(use_metadata_table=False)) == got
+
+
+def test_static_is_the_default_and_replaces_every_partition(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(9), 1, "a"))
+    table.write(batch([0], 2, "o"), mode="overwrite")
+    assert set(rows_of(table.read())) == {0}
+    assert last_completed(table).action == "replacecommit"
+    table.write(batch([1], 3, "s"), mode="overwrite", partition_overwrite_mode="STATIC")
+    assert set(rows_of(table.read())) == {1}
+
+
+def test_on_a_table_without_partition_columns_dynamic_replaces_the_whole_table_as_in_spark(tmp_path):
+    table = new_table(str(tmp_path / "t"), partition_by=None)
+    table.write(batch(range(6), 1, "a"))
+    table.write(batch([1, 2], 2, "o"), mode="overwrite", partition_overwrite_mode="dynamic")
+    assert set(rows_of(table.read())) == {1, 2}
+    assert last_completed(table).action == "replacecommit"
+
+
+def test_an_empty_dynamic_overwrite_replaces_nothing(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(9), 1, "a"))
+    before = rows_of(table.read())
+    table.write(batch([], 2, "o"), mode="overwrite", partition_overwrite_mode="dynamic")
+    assert last_completed(table).action == "replacepartitions"
+    assert rows_of(table.read()) == before
+    begin = [i for i in table.timeline() if i.completion][-2].completion
+    assert table.read(query_type="incremental", begin=begin, incremental_format="cdc").num_rows == 0
+
+
+def test_a_bad_partition_overwrite_mode_is_refused_and_nothing_is_written(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(3), 1, "a"))
+    timeline = table.timeline()
+    with pytest.raises(nbcc.InvalidOptionError, match="'partitionOverwriteMode' must be one of static, dynamic; got 'partitions'"):
+        table.write(batch([0], 2, "o"), mode="overwrite", partition_overwrite_mode="partitions")
+    assert table.timeline() == timeline
+
+
+def test_clean_deletes_the_replaced_partitions_files_only_and_reads_survive_archival(tmp_path):
+    uri = str(tmp_path / "t")
+    table = new_table(uri)
+    table.write(batch(range(9), 1, "a"))
+    table.write(batch(range(9), 2, "b"))
+    old = {p.relative_to(uri).as_posix() for p in Path(uri).glob("day=*/*")}
+    table.write(batch([0, 3], 3, "o"), mode="overwrite", partition_overwrite_mode="dynamic")
+    table.write(batch([1], 4, "n"))
+    expected = rows_of(table.read())
+    table.clean(retain_commits=1)
+    left = {p.relative_to(uri).as_posix() for p in Path(uri).glob("day=*/*")}
+    assert {f for f in old if f not in left} == {f for f in old if f.startswith("day=d1/")}
+    assert rows_of(table.read()) == expected
+    table.archive(retain_commits=1)
+    assert any(i.archived for i in table.timeline())
+    assert rows_of(table.read()) == expected
+    assert table.compact() is not None
+    assert rows_of(table.read()) == expected
+
+
+def test_a_compaction_planned_before_a_dynamic_overwrite_does_not_bring_back_the_replaced_rows(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(9), 1, "a"))
+    table.write(batch(range(0, 9, 2), 2, "b"))
+    tc = table.schedule_compaction()  # plans every file group of d1, d2 and d3
+    table.write(batch([3], 3, "o"), mode="overwrite", partition_overwrite_mode="dynamic")  # d1
+    expected = {3: "o-3", 1: "a-1", 4: "b-4", 7: "a-7", 2: "b-2", 5: "a-5", 8: "b-8"}
+    assert {k: r["v"] for k, r in rows_of(table.read()).items()} == expected
+    table.run_compaction(tc)
+    assert {k: r["v"] for k, r in rows_of(table.read()).items()} == expected
+    assert {k: r["v"] for k, r in rows_of(table.read(query_type="read_optimized")).items()} == {
+        k: v for k, v in expected.items() if day_of(k) != "d1"}  # d1's base files predate the overwrite
+
+
+# -- randomized: every read against a model kept in plain Python -------------------------------------
+
+def _cdc(before: dict, after: dict) -> dict[int, tuple]:
+    """The changes from one state to another, as a cdc read gives them."""
+    out = {}
+    for k in before.keys() | after.keys():
+        b, a = before.get(k), after.get(k)
+        if b != a:
+            out[k] = ("insert" if b is None else "delete" if a is None else "update", b, a)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_every_read_matches_the_model_through_random_partition_overwrites(tmp_path, memory_uri, seed):
+    rng = random.Random(seed)
+    uri = str(tmp_path / "t") if seed % 2 else memory_uri
+    table = new_table(uri)
+    if seed >= 2:
+        table.build_index()
+    now: dict[int, dict[str, Any]] = {}
+    states = [("earliest", {}, set())]  # (completion, key -> row after it, keys the commit wrote)
+    pending = []
+    keys = list(range(30))
+    for step in range(1, 16):
+        roll = rng.random()
+        chosen = rng.sample(keys, rng.randint(1, 8))
+        if roll < 0.3:
+            data = batch(chosen, step, f"u{step}")
+            table.write(data)
+        elif roll < 0.4:
+            table.write(batch(chosen, step, "x").select(["id", "day"]), operation="delete")
+            now = {k: r for k, r in now.items() if k not in chosen}
+            data = batch([], step, "x")
+        elif roll < 0.75:
+            days = set(rng.sample(DAYS, rng.randint(1, 2)))
+            chosen = [k for k in chosen if day_of(k) in days] or [k for k in keys if day_of(k) in days][:2]
+            data = batch(chosen, step, f"p{step}")
+            table.write(data, mode="overwrite", partition_overwrite_mode="dynamic")
+            now = {k: r for k, r in now.items() if r["day"] not in {day_of(c) for c in chosen}}
+        elif roll < 0.8:
+            data = batch(chosen, step, f"o{step}")
+            table.write(data, mode="overwrite")
+            now = {}
+        else:
+            tc = table.schedule_compaction()
+            if tc is not None and rng.random() < 0.5:
+                table.run_compaction(tc)
+            elif tc is not None:
+                pending.append(tc)
+            continue
+        now = {**now, **{r["id"]: r for r in data.to_pylist()}}
+        states.append((last_completed(table).completion, now, set(chosen)))
+        if pending and rng.random() < 0.3:
+            table.run_compaction(pending.pop())
+    assert any(i.action == "replacepartitions" for i in table.timeline())
+
+    def check_all() -> None:
+        for use_mdt in ((False, True) if seed >= 2 else (False,)):
+            assert rows_of(table.read(use_metadata_table=use_mdt)) == now
+            for completion, state, _ in states[1:]:
+                assert rows_of(table.read(as_of=completion, use_metadata_table=use_mdt)) == state, completion
+        for i, (begin, before, _) in enumerate(states):
+            for j in range(i + 1, len(states)):
+                end, after, _ = states[j]
+                written = set().union(*(w for _, _, w in states[i + 1:j + 1]))
+                got = rows_of(table.read(query_type="incremental", begin=begin, end=end))
+                assert got == {k: after[k] for k in written if k in after}, (begin, end)
+                cdc = table.read(query_type="incremental", begin=begin, end=end, incremental_format="cdc")
+                changes = {r["id"]: (r["_change_type"], r["before"], r["after"]) for r in cdc.to_pylist()}
+                assert len(changes) == cdc.num_rows
+                assert changes == _cdc(before, after), (begin, end)
+
+    check_all()
+    for tc in pending:
+        table.run_compaction(tc)
+    check_all()
