@@ -21,6 +21,8 @@ the list of valid options (spark_conf/nbcc-defaults.conf documents each, with it
     max_log_file_bytes                    roll a log file over past this size
     compaction_delta_commits, compaction_inline   schedule a compaction after every N delta
                                           commits (and run it in this job too if inline is true)
+    partitionOverwriteMode                with mode overwrite: static (default, the whole table)
+                                          | dynamic (only the partitions the input has rows in)
     storage.*                             S3 options, e.g. storage.endpoint_url
 """
 

@@ -60,10 +60,11 @@ def test_compact_job_ignores_the_shared_write_options_and_refuses_typos():
 # The defaults the documentation gives, written down from it (not taken from nbcc.config):
 # format.md §3 (buckets: creation default 16; lock_lease_ms 30000; heartbeat_timeout_s 300),
 # §9.2 (max_log_file_bytes 512 MiB) and the README's option tables (operation upsert;
-# compaction_inline is `true` to also execute the compaction, so false by default).
+# compaction_inline is `true` to also execute the compaction, so false by default;
+# partitionOverwriteMode static).
 DOCUMENTED_DEFAULTS = {"buckets": "16", "lock_lease_ms": "30000", "heartbeat_timeout_s": "300",
                        "max_log_file_bytes": str(512 * 1024 * 1024), "operation": "upsert",
-                       "compaction_inline": "false"}
+                       "compaction_inline": "false", "partitionoverwritemode": "static"}
 
 
 def test_every_write_option_is_documented_for_spark_submit_jobs():
@@ -72,12 +73,13 @@ def test_every_write_option_is_documented_for_spark_submit_jobs():
     from nbcc.config import WRITE_OPTIONS
 
     conf = (ROOT / "spark_conf/nbcc-defaults.conf").read_text()
-    listed = dict(re.findall(r"^# spark\.nbcc\.(\w+)\s+(\S+)$", conf, re.M))
+    # Option names match in any letter case (partitionOverwriteMode is Spark's spelling).
+    listed = {k.lower(): v for k, v in re.findall(r"^# spark\.nbcc\.(\w+)\s+(\S+)$", conf, re.M)}
     assert set(WRITE_OPTIONS) <= set(listed), set(WRITE_OPTIONS) - set(listed)
     assert {k: listed.get(k) for k in DOCUMENTED_DEFAULTS} == DOCUMENTED_DEFAULTS
 
     docstring = (ROOT / "examples/ingest.py").read_text().split('"""')[1]
-    assert [name for name in WRITE_OPTIONS if not re.search(rf"\b{name}\b", docstring)] == []
+    assert [name for name in WRITE_OPTIONS if not re.search(rf"\b{name}\b", docstring, re.I)] == []
 
 
 def test_a_table_created_without_settings_gets_the_documented_defaults(tmp_path):
