@@ -10,6 +10,7 @@ left pending across an overwrite) and the metadata table on and off.
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,30 @@ def test_dynamic_overwrite_replaces_only_the_partitions_written_and_time_travel_
     assert rows_of(table.read(use_metadata_table=True)) == rows_of(table.read(use_metadata_table=False)) == got
 
 
+def test_the_first_dynamic_overwrite_raises_the_format_version_so_older_nbcc_refuse_the_table(tmp_path):
+    # format.md §3: version 2 adds `replacepartitions`. An nbcc that reads only version 1 would
+    # take it for an unknown action that adds files: it would read, and compact, the replaced
+    # partitions' old rows back. Tables that never had one stay at version 1.
+    uri = str(tmp_path / "t")
+    table = new_table(uri)
+
+    def version() -> int:
+        return json.loads(Path(uri, ".nbcc", "table.json").read_text())["format_version"]
+
+    table.write(batch(range(6), 1, "a"))
+    table.write(batch([0], 2, "o"), mode="overwrite")
+    table.build_index("files")  # rewrites table.json's metadata_table field: the version stays
+    assert version() == 1
+    doc = json.loads(Path(uri, ".nbcc", "table.json").read_text())
+    table.write(batch([1], 3, "d"), mode="overwrite", partition_overwrite_mode="dynamic")
+    after = json.loads(Path(uri, ".nbcc", "table.json").read_text())
+    assert after == {**doc, "format_version": 2}  # nothing else changed
+    assert nbcc.Table.open(uri).describe()["format_version"] == 2
+    table.write(batch([4], 4, "d"), mode="overwrite", partition_overwrite_mode="dynamic")
+    assert version() == 2
+    assert set(rows_of(nbcc.Table.open(uri).read())) == {0, 4}
+
+
 def test_static_is_the_default_and_replaces_every_partition(tmp_path):
     table = new_table(str(tmp_path / "t"))
     table.write(batch(range(9), 1, "a"))
@@ -108,7 +133,13 @@ def test_a_bad_partition_overwrite_mode_is_refused_and_nothing_is_written(tmp_pa
     timeline = table.timeline()
     with pytest.raises(nbcc.InvalidOptionError, match="'partitionOverwriteMode' must be one of static, dynamic; got 'partitions'"):
         table.write(batch([0], 2, "o"), mode="overwrite", partition_overwrite_mode="partitions")
+    # The same check where the Spark connector begins its writes: a typo must not replace the table.
+    with pytest.raises(nbcc.InvalidOptionError, match="must be one of static, dynamic; got 'dynamc'"):
+        table.begin_write(SCHEMA, overwrite=True, partition_overwrite_mode="dynamc")
     assert table.timeline() == timeline
+    # None is the default, as for the other write arguments.
+    table.write(batch([1], 2, "o"), mode="overwrite", partition_overwrite_mode=None)
+    assert set(rows_of(table.read())) == {1}
 
 
 def test_clean_deletes_the_replaced_partitions_files_only_and_reads_survive_archival(tmp_path):
@@ -143,6 +174,34 @@ def test_a_compaction_planned_before_a_dynamic_overwrite_does_not_bring_back_the
     assert {k: r["v"] for k, r in rows_of(table.read()).items()} == expected
     assert {k: r["v"] for k, r in rows_of(table.read(query_type="read_optimized")).items()} == {
         k: v for k, v in expected.items() if day_of(k) != "d1"}  # d1's base files predate the overwrite
+
+
+def test_through_the_metadata_table_an_overwrite_keeps_its_partitions_after_its_files_are_cleaned(tmp_path):
+    # The metadata table drops the entries of cleaned files. An overwrite whose only file was
+    # compacted and cleaned must still hide what it replaced: here the input a compaction planned
+    # before it keeps, and then that compaction's base file.
+    table = new_table(str(tmp_path / "t"))
+    table.build_index("files")
+    old, new = _keys_in_two_buckets("d1")
+    table.write(batch([old], 1, "a"))
+    tc = table.schedule_compaction()  # plans old's file group; left pending
+    table.write(batch([new], 2, "o"), mode="overwrite", partition_overwrite_mode="dynamic")
+    table.run_compaction(table.schedule_compaction())  # folds the overwrite's one log file
+    table.write(batch([2], 3, "n"))  # another partition
+    table.clean(retain_commits=1)  # deletes that log file; keeps the pending compaction's input
+    expected = {new: "o-" + str(new), 2: "n-2"}
+    for when in ("before", "after"):
+        for use_mdt in (True, False):
+            assert {k: r["v"] for k, r in rows_of(table.read(use_metadata_table=use_mdt)).items()} == expected, \
+                (when, use_mdt)
+        table.run_compaction(tc)
+
+
+def _keys_in_two_buckets(day: str) -> tuple[int, int]:
+    """Two keys of one partition that hash to different buckets of a 2-bucket table."""
+    keys = [k for k in range(100) if day_of(k) == day]
+    buckets = [int(b) for b in nbcc.bucket_ids(pa.array(keys, pa.int64()), 2)]
+    return keys[buckets.index(0)], keys[buckets.index(1)]
 
 
 # -- randomized: every read against a model kept in plain Python -------------------------------------

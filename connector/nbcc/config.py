@@ -17,7 +17,12 @@ import pyarrow as pa
 from .errors import InvalidOptionError, NbccError, SchemaError, TableConfigError
 from .schema import META_PREFIX, check_column, check_names, is_reserved, plain_type, schema_from_json, schema_to_json
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # what a table is created with
+# Version 2 is version 1 plus the action `replacepartitions` (format.md §3, §8). A table's first
+# dynamic partition overwrite raises it, so that an nbcc that predates the action refuses the
+# table instead of reading, or compacting, the replaced partitions' old rows back.
+PARTITION_REPLACE_VERSION = 2
+READ_FORMAT_VERSIONS = (1, 2)
 TABLE_CONFIG_PATH = ".nbcc/table.json"
 
 EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE = "event_time", "commit_time", "partial_update"
@@ -47,6 +52,20 @@ def check_write_operation(operation: str, overwrite: bool) -> None:
         raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
     if operation == DELETE and overwrite:
         raise InvalidOptionError("operation=delete cannot be combined with overwrite mode")
+
+
+def check_partition_overwrite_mode(value: Any) -> str:
+    """`static` (None too) or `dynamic`, in any letter case; anything else is an error."""
+    return STATIC if value is None else WRITE_OPTIONS[PARTITION_OVERWRITE_MODE].parse(value)
+
+
+def raise_format_version(storage: Any, grant: Any, version: int) -> None:
+    """Raise table.json's `format_version` to `version` (never lower it). Only under the table
+    lock (`grant`), as every rewrite of table.json: one replace, every other key kept."""
+    doc = json.loads(storage.read_bytes(TABLE_CONFIG_PATH))
+    if doc.get("format_version", 0) < version:
+        doc["format_version"] = version
+        grant.replace(storage, TABLE_CONFIG_PATH, json.dumps(doc, indent=2).encode())
 
 
 def _names(value: str | Sequence[str] | None) -> list[str]:
@@ -352,8 +371,9 @@ class TableConfig:
             version = doc.get("format_version")
         except (ValueError, AttributeError) as exc:
             raise TableConfigError(f"{where} is not a JSON object ({exc})") from None
-        if version != FORMAT_VERSION:
-            raise SchemaError(f"table format version {version} is not supported by this nbcc (supports {FORMAT_VERSION})")
+        if type(version) is not int or version not in READ_FORMAT_VERSIONS:
+            raise SchemaError(f"table format version {version} is not supported by this nbcc (supports "
+                              f"{' and '.join(map(str, READ_FORMAT_VERSIONS))})")
         known = {"format_version", "schema", "record_key", "ordering_field", "partition_by", "buckets",
                  "merge_mode", "lock_lease_ms", "heartbeat_timeout_s", "metadata_table", "table_id"}
         try:

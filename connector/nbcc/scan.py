@@ -426,7 +426,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     # The partitions an overwrite in the range replaced: (completion of the latest whole-table
     # one, partition -> that of the latest dynamic one that wrote there).
     reset_all = max((i.completion for i in in_range if i.action == REPLACE_COMMIT), default=None)
-    reset_by_partition = partition_cutoffs(in_range, end_view.metas)
+    reset_by_partition = partition_cutoffs(in_range, end_view.replaced)
     retained = earliest_retained(storage, timeline)
     if retained is not None:
         first = earliest_begin(timeline, retained, options.is_cdc or reset)

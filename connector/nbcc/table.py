@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -22,14 +23,17 @@ from .config import (
     DELETE,
     DYNAMIC,
     PARTITION_OVERWRITE_MODE,
+    PARTITION_REPLACE_VERSION,
     STATIC,
     TABLE_CONFIG_PATH,
     UPSERT,
     WRITE_OPTIONS,
     TableConfig,
+    check_partition_overwrite_mode,
     check_write_operation,
     parse_options,
     parse_table_options,
+    raise_format_version,
 )
 from .errors import (
     InvalidOptionError,
@@ -183,6 +187,7 @@ class Table:
         with `partition_overwrite_mode="dynamic"` replaces only the partitions it writes rows to
         (on a table without partition columns: the whole table, as in Spark)."""
         check_write_operation(operation, overwrite)
+        partition_overwrite_mode = check_partition_overwrite_mode(partition_overwrite_mode)
         current = self.schema()
         missing = [c for c in self.config.record_key + self.config.partition_by if c not in incoming_schema.names]
         if missing:
@@ -215,6 +220,10 @@ class Table:
         txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode)
         if check_first is not None:
             check_first(txn.schema)
+        if txn.action == REPLACE_PARTITIONS and self.config.format_version < PARTITION_REPLACE_VERSION:
+            with self.clock.locked() as grant:
+                raise_format_version(self.storage, grant, PARTITION_REPLACE_VERSION)
+            self.config = dataclasses.replace(self.config, format_version=PARTITION_REPLACE_VERSION)
         txn.begin()
         return txn
 
@@ -253,7 +262,7 @@ class Table:
 
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
                                check_first=check_all if isinstance(whole, pa.Table) else None,
-                               partition_overwrite_mode=given[PARTITION_OVERWRITE_MODE])
+                               partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC))
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):

@@ -55,7 +55,8 @@ class TableView:
     pending_compactions: list[str]  # compaction instants scheduled by as_of, not completed by it
     schema: pa.Schema
     overwrite_cutoff: str | None  # completion time of the latest overwrite of the whole table
-    # partition -> completion time of the latest dynamic partition overwrite that wrote to it
+    replaced: dict[str, frozenset[str]] = field(default_factory=dict)  # dynamic overwrite -> its partitions
+    # partition -> completion time of the latest dynamic partition overwrite that replaced it
     partition_cutoffs: dict[str, str] = field(default_factory=dict)
 
     def cutoff(self, partition: str) -> str | None:
@@ -81,18 +82,29 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
                if i.action in (COMPACTION, COMPACTION_COMMIT) and (as_of is None or i.instant <= as_of)
                and i.instant not in done and i.state != "rolledback"]
     cutoff = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
-    return TableView(completed, metas, completion, pending, schema, cutoff, partition_cutoffs(completed, metas))
+    replaced = replaced_partitions(storage, completed, metas, index)
+    return TableView(completed, metas, completion, pending, schema, cutoff, replaced,
+                     partition_cutoffs(completed, replaced))
 
 
-def partition_cutoffs(completed: Iterable[Instant], metas: Mapping[str, Mapping[str, Any]]) -> dict[str, str]:
+def replaced_partitions(storage: Storage, completed: Iterable[Instant], metas: Mapping[str, Mapping[str, Any]],
+                        index: MetadataIndex | None) -> dict[str, frozenset[str]]:
+    """The partitions each dynamic partition overwrite among `completed` replaced: those its
+    commit wrote files to. From its completed file even where the metadata table gave `metas`:
+    the metadata table drops the entries of cleaned files, and an overwrite whose files were
+    compacted and then cleaned still replaced its partitions (format.md §18.5)."""
+    dynamic = [i for i in completed if i.action == REPLACE_PARTITIONS]
+    if not dynamic:
+        return {}
+    if index is not None and index.has(FILES):
+        metas = read_commit_metadatas(storage, dynamic)  # cached: a commit file never changes
+    return {i.instant: frozenset(f["partition"] for f in metas[i.instant]["files"]) for i in dynamic}
+
+
+def partition_cutoffs(completed: Iterable[Instant], replaced: Mapping[str, frozenset[str]]) -> dict[str, str]:
     """partition -> completion time of the latest dynamic partition overwrite among `completed`
-    (completion order) that wrote files to it: the partitions such an overwrite replaced."""
-    out: dict[str, str] = {}
-    for inst in completed:
-        if inst.action == REPLACE_PARTITIONS:
-            for f in metas[inst.instant]["files"]:
-                out[f["partition"]] = inst.completion
-    return out
+    (completion order) that replaced it."""
+    return {p: inst.completion for inst in completed if inst.instant in replaced for p in replaced[inst.instant]}
 
 
 @dataclass(frozen=True)
