@@ -495,11 +495,40 @@ def test_rollback_of_a_completed_or_unknown_instant_fails(local_table, capsys):
                                                          "instant time")
 
 
+def test_restore_undoes_later_writes_with_one_overwrite_and_keeps_them_readable(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=2)
+    good = completion_of(table, written[-1])
+    expected = snapshot(table)
+    # Bad writes after it: an update, a new key, a delete, and a column added.
+    table.write(pa.table({"id": [1, 20], "p": ["b", "a"], "v": [9, 9], "note": ["bad", "bad"]}))
+    table.write(pa.table({"id": [2], "p": ["a"]}), operation="delete")
+    bad = snapshot(table)
+    last_bad = table.timeline()[-1].completion
+    code, out, err = run(capsys, "restore", uri, "--as-of", good)
+    assert code == 0 and err == "", err
+    restore = table.timeline()[-1]
+    assert restore.action == "replacecommit" and restore.instant in out and "8 rows" in out
+    assert snapshot(table) == [{**r, "note": None} for r in expected]  # the added column stays, null
+    assert sorted(table.read(as_of=last_bad).to_pylist(), key=lambda r: r["id"]) == bad  # kept
+    # Later writes merge with the restored rows.
+    table.write(batch([3], 5))
+    assert {r["id"]: r["v"] for r in snapshot(table)}[3] == 5
+    # A time before the oldest readable state is refused, and nothing is written.
+    timeline = table.timeline()
+    code, out, err = run(capsys, "restore", uri, "--as-of", "2001-01-01")
+    assert code == 1 and out == "" and "is before the oldest state that can be read" in err
+    assert table.timeline() == timeline
+    code, _, err = run(capsys, "restore", uri)
+    assert code == 2 and "--as-of" in err
+
+
 # -- errors and options --------------------------------------------------------------------------
 
 def test_a_uri_that_is_not_a_table(tmp_path, capsys):
-    for command in (["timeline"], ["slices"], ["compact"], ["clean"], ["archive"], ["rollback"]):
-        argv = command + [tmp_path / "empty"] + (["20240101000000000"] if command == ["rollback"] else [])
+    for command in (["timeline"], ["slices"], ["compact"], ["clean"], ["archive"], ["rollback"], ["restore"]):
+        argv = (command + [tmp_path / "empty"] + (["20240101000000000"] if command == ["rollback"] else [])
+                + (["--as-of", "20240101000000000"] if command == ["restore"] else []))
         code, out, err = run(capsys, *argv)
         assert code == 1, command
         assert out == "" and err.startswith("nbcc: error: ") and "not an nbcc table" in err

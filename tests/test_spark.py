@@ -144,6 +144,21 @@ def test_dynamic_partition_overwrite_replaces_only_the_partitions_written(spark,
     assert [r.id for r in spark.read.format("nbcc").load(uri).collect()] == [1]
 
 
+def test_restore_recipe_one_job_reads_the_table_as_of_a_time_and_overwrites_it(spark, local_table):
+    # The README's restore: the read's plan holds the files as of `good`, which the overwrite
+    # leaves in place until it completes and a clean passes them.
+    uri, _ = local_table
+    spark.createDataFrame(_rows(range(6), "a", seq=1), SCHEMA).write.format("nbcc").mode("append") \
+        .option("record_key", "id").option("ordering_field", "seq").save(uri)
+    good = nbcc.Table.open(uri).timeline()[-1].completion
+    expected = sorted(tuple(r) for r in spark.read.format("nbcc").load(uri).collect())
+    spark.createDataFrame(_rows(range(3, 9), "bad", seq=2), SCHEMA).write.format("nbcc").mode("append").save(uri)
+    spark.read.format("nbcc").option("as_of", good).load(uri) \
+        .write.format("nbcc").mode("overwrite").save(uri)
+    assert sorted(tuple(r) for r in spark.read.format("nbcc").load(uri).collect()) == expected
+    assert [i.action for i in nbcc.Table.open(uri).timeline()] == ["deltacommit", "deltacommit", "replacecommit"]
+
+
 def test_partitioned_table_layout_and_read(spark, any_table):
     uri, opts = any_table
     df = spark.createDataFrame(

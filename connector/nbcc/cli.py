@@ -54,7 +54,7 @@ from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
 from .storage_options import check_storage_options
 from .table import Table
-from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline
+from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline, read_commit_metadata
 
 PROG = "nbcc"
 
@@ -331,6 +331,17 @@ def cmd_rollback(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_restore(args: argparse.Namespace) -> int:
+    table = _open(args)
+    instant = table.restore(args.as_of)
+    done = Timeline.load(table.storage).get(instant)
+    rows = sum(int(f.get("rows", 0)) for f in read_commit_metadata(table.storage, done)["files"])
+    print(f"restored {table.uri} as of {args.as_of}: {_n(rows, 'row')}, written by overwrite {instant} "
+          f"(completed at {done.completion}). The commits in between stay readable with as_of until a "
+          "clean passes them")
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     table = _open(args)
     if args.drop is not None:
@@ -504,6 +515,15 @@ def build_parser() -> argparse.ArgumentParser:
                                    "its instant is marked rolled back.")
     p.add_argument("instant", metavar="INSTANT", type=_instant, help="the write's instant time")
     p.set_defaults(func=cmd_rollback)
+
+    p = sub.add_parser("restore", parents=[common], help="make the table's rows those it had at a time",
+                       description="Make the table's rows those a read as of time T gives, with one "
+                                   "overwrite commit (undoes bad writes). Nothing is deleted: the commits "
+                                   "after T stay on the timeline, readable with as_of until a clean passes "
+                                   "them, and writes that complete after the restore merge with its rows.")
+    p.add_argument("--as-of", metavar="T", type=_time, required=True,
+                   help="the time to restore (instant time or ISO-8601)")
+    p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser("index", parents=[common], help="build, drop or show the metadata table's partitions",
                        description="The metadata table (.nbcc/metadata) indexes the data files: `files` "

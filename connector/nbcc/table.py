@@ -48,7 +48,7 @@ from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
-from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, schema_read
+from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, read_task, schema_read
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import (
@@ -404,6 +404,17 @@ class Table:
                          incremental_format=incremental_format, include_meta_columns=include_meta_columns,
                          filter=filter, use_metadata_table=use_metadata_table)
         return read_plan(self.storage, plan)
+
+    def restore(self, as_of: Any) -> str:
+        """Make the table's rows those it had as of `as_of` (as `read(as_of=...)` gives them), in
+        one overwrite commit; returns its instant. Nothing is lost: the commits that completed
+        after `as_of` stay on the timeline, readable with `as_of` until a clean passes them, and
+        writes that complete after the restore merge with its rows as usual. Columns added
+        since `as_of` stay in the table, null in the restored rows. Reads one file group at a
+        time, so memory holds one file group's rows."""
+        plan = self.plan(as_of=as_of)  # refuses a time before the oldest readable state
+        batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).to_batches())
+        return self.write(pa.RecordBatchReader.from_batches(plan.output_schema, batches), mode="overwrite")
 
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""
