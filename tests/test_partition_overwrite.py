@@ -98,6 +98,23 @@ def test_the_first_dynamic_overwrite_raises_the_format_version_so_older_nbcc_ref
     assert set(rows_of(nbcc.Table.open(uri).read())) == {0, 4}
 
 
+def test_the_version_is_raised_by_whatever_begins_the_instant_and_describe_reads_it_afresh(tmp_path):
+    # The streaming sink and other callers begin instants from prepare_write: the raise belongs
+    # to the instant's beginning, not to one entry point. A Table opened before sees it too.
+    uri = str(tmp_path / "t")
+    table = new_table(uri)
+    table.write(batch(range(3), 1, "a"))
+    opened_before = nbcc.Table.open(uri)
+    txn = table.prepare_write(SCHEMA, overwrite=True, partition_overwrite_mode="dynamic")
+    assert opened_before.describe()["format_version"] == 1
+    txn.begin()
+    assert txn.action == "replacepartitions"
+    assert json.loads(Path(uri, ".nbcc", "table.json").read_text())["format_version"] == 2
+    assert opened_before.describe()["format_version"] == 2
+    txn.rollback(reason="a test")  # the raise stays: the table may hold such instants from now
+    assert nbcc.Table.open(uri).describe()["format_version"] == 2
+
+
 def test_static_is_the_default_and_replaces_every_partition(tmp_path):
     table = new_table(str(tmp_path / "t"))
     table.write(batch(range(9), 1, "a"))

@@ -21,6 +21,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from .clock import TimeGenerator
+from .config import PARTITION_REPLACE_VERSION, raise_format_version
 from .errors import CommitError, LockLostError, SchemaError, StorageError
 from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
@@ -29,6 +30,7 @@ from . import heartbeat
 from .metadata_table import index_commit, maintain
 from .rollback import rollback_instant, rollback_or_log
 from .timeline import (
+    REPLACE_PARTITIONS,
     Timeline,
     create_completed,
     create_inflight,
@@ -58,6 +60,8 @@ class WriteTransaction:
                 # Issued and made visible under one lock hold: a compaction scheduled later sees
                 # every older instant that may still complete, which bounds what it must keep (§15).
                 self.instant = grant.time
+                if self.action == REPLACE_PARTITIONS:  # older nbcc must refuse the table from now (§3, §8)
+                    raise_format_version(self.storage, grant, PARTITION_REPLACE_VERSION)
                 create_requested(self.storage, self.instant, self.action, info, grant)
         except StorageError as failure:
             # The put may have landed all the same (a lost reply, a request given up at the

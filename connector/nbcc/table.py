@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -23,7 +23,6 @@ from .config import (
     DELETE,
     DYNAMIC,
     PARTITION_OVERWRITE_MODE,
-    PARTITION_REPLACE_VERSION,
     STATIC,
     TABLE_CONFIG_PATH,
     UPSERT,
@@ -33,7 +32,6 @@ from .config import (
     check_write_operation,
     parse_options,
     parse_table_options,
-    raise_format_version,
 )
 from .errors import (
     InvalidOptionError,
@@ -142,8 +140,8 @@ class Table:
         except TableConfigError as exc:
             raise TableConfigError(
                 f"the nbcc table at {uri} cannot be opened: {exc}. The file is written when the table "
-                "is created and changed only by index builds; restore it from a backup or your "
-                "storage's object versions"
+                "is created and changed only by index builds and a first dynamic partition overwrite; "
+                "restore it from a backup or your storage's object versions"
             ) from None
 
     @classmethod
@@ -220,10 +218,6 @@ class Table:
         txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode)
         if check_first is not None:
             check_first(txn.schema)
-        if txn.action == REPLACE_PARTITIONS and self.config.format_version < PARTITION_REPLACE_VERSION:
-            with self.clock.locked() as grant:
-                raise_format_version(self.storage, grant, PARTITION_REPLACE_VERSION)
-            self.config = dataclasses.replace(self.config, format_version=PARTITION_REPLACE_VERSION)
         txn.begin()
         return txn
 
@@ -451,8 +445,10 @@ class Table:
         files = [f for task in plan.tasks for f in task.files]
         logs = sum(isinstance(parse_data_file(f.rsplit("/", 1)[-1]), LogFile) for f in files)
         c = self.config
+        # Read afresh: another process's first dynamic partition overwrite may have raised it.
+        version = json.loads(self.storage.read_bytes(TABLE_CONFIG_PATH))["format_version"]
         return {
-            "uri": self.uri, "format_version": c.format_version, "record_key": list(c.record_key),
+            "uri": self.uri, "format_version": version, "record_key": list(c.record_key),
             "ordering_field": c.ordering_field, "merge_mode": c.merge_mode,
             "partition_by": list(c.partition_by), "buckets": c.buckets,
             "lock_lease_ms": c.lock_lease_ms, "heartbeat_timeout_s": c.heartbeat_timeout_s,
