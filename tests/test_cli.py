@@ -521,6 +521,9 @@ def test_restore_undoes_later_writes_with_one_overwrite_and_keeps_them_readable(
     assert table.timeline() == timeline
     code, _, err = run(capsys, "restore", uri)
     assert code == 2 and "--as-of" in err
+    with pytest.raises(nbcc.InvalidOptionError, match="restore needs the time to restore, as_of"):
+        table.restore(None)
+    assert table.timeline() == timeline
 
 
 # -- errors and options --------------------------------------------------------------------------

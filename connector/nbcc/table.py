@@ -406,6 +406,8 @@ class Table:
         writes that complete after the restore merge with its rows as usual. Columns added
         since `as_of` stay in the table, null in the restored rows. Reads one file group at a
         time, so memory holds one file group's rows."""
+        if as_of is None or str(as_of).strip() == "":
+            raise InvalidOptionError("restore needs the time to restore, as_of (an instant time or ISO-8601)")
         plan = self.plan(as_of=as_of)  # refuses a time before the oldest readable state
         batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).to_batches())
         return self.write(pa.RecordBatchReader.from_batches(plan.output_schema, batches), mode="overwrite")
