@@ -210,6 +210,9 @@ STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
     "use_metadata_table": READ_OPTIONS["use_metadata_table"],
 }
 
+# Options matched in lower case whose users know them in Spark's spelling: error messages use it.
+_SPELLED = {"checkpointlocation": "checkpointLocation", PARTITION_OVERWRITE_MODE: "partitionOverwriteMode"}
+
 STORAGE_PREFIX = "storage."
 # Spark adds these itself for load(path) / save(path).
 SPARK_PATH_OPTIONS = ("path", "paths")
@@ -232,7 +235,7 @@ def parse_options(options: Mapping[str, Any], specs: Mapping[str, OptionSpec], k
         elif low not in SPARK_PATH_OPTIONS:
             unknown.append(key)
     if unknown:
-        valid = ", ".join(sorted(specs)) + (", " if specs else "") + "storage.<S3 option>"
+        valid = ", ".join(sorted(_SPELLED.get(k, k) for k in specs)) + (", " if specs else "") + "storage.<S3 option>"
         raise InvalidOptionError(
             f"unknown {kind} option(s): {', '.join(sorted(unknown))}. Valid {kind} options: {valid}"
         )
