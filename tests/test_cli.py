@@ -523,6 +523,11 @@ def test_restore_undoes_later_writes_with_one_overwrite_and_keeps_them_readable(
     assert code == 2 and "--as-of" in err
     with pytest.raises(nbcc.InvalidOptionError, match="restore needs the time to restore, as_of"):
         table.restore(None)
+    # Nothing to undo after the latest commit (Delta refuses a time past its latest version too).
+    latest = timeline[-1].completion
+    for when in (latest, "2999-01-01"):
+        code, out, err = run(capsys, "restore", uri, "--as-of", when)
+        assert code == 1 and out == "" and "no commit completed after it" in err, err
     assert table.timeline() == timeline
 
 

@@ -140,6 +140,15 @@ def test_dynamic_partition_overwrite_replaces_only_the_partitions_written(spark,
     with pytest.raises(Exception, match="'partitionOverwriteMode' must be one of static, dynamic; got 'partition'"):
         new.write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "partition").save(uri)
     assert len(nbcc.Table.open(uri).timeline()) == 2  # nothing written
+    # What users bring from Delta gets an answer, not only "unknown option".
+    with pytest.raises(Exception, match=r"replaceWhere \(Delta\) is not supported: mode\('overwrite'\) with "
+                                        "partitionOverwriteMode=dynamic"):
+        new.write.format("nbcc").mode("overwrite").option("replaceWhere", "day = 'd0'").save(uri)
+    with pytest.raises(Exception, match=r"partitionoverwritemode: write option\(s\), for df.write \(in SQL, a "
+                                        r"view's OPTIONS are read options too"):
+        spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_dpo USING nbcc OPTIONS (path '{uri}', "
+                  "partitionOverwriteMode 'dynamic')")
+    assert len(nbcc.Table.open(uri).timeline()) == 2  # nothing written
     new.filter("id = 1").write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "static").save(uri)
     assert [r.id for r in spark.read.format("nbcc").load(uri).collect()] == [1]
 

@@ -238,8 +238,23 @@ def parse_options(options: Mapping[str, Any], specs: Mapping[str, OptionSpec], k
         valid = ", ".join(sorted(_SPELLED.get(k, k) for k in specs)) + (", " if specs else "") + "storage.<S3 option>"
         raise InvalidOptionError(
             f"unknown {kind} option(s): {', '.join(sorted(unknown))}. Valid {kind} options: {valid}"
+            + _misplaced_hint(unknown, specs)
         )
     return parsed, storage
+
+
+def _misplaced_hint(unknown: list[str], specs: Mapping[str, OptionSpec]) -> str:
+    """What the unknown options that users bring from elsewhere are, and what to do instead."""
+    low = {k.lower() for k in unknown}
+    hints = []
+    writes = sorted(k for k in unknown if k.lower() in WRITE_OPTIONS and k.lower() not in specs)
+    if writes and specs is READ_OPTIONS:
+        hints.append(f"{', '.join(writes)}: write option(s), for df.write (in SQL, a view's OPTIONS are read "
+                     "options too: INSERT through a view takes only path and storage.* options)")
+    if "replacewhere" in low:
+        hints.append("replaceWhere (Delta) is not supported: mode('overwrite') with partitionOverwriteMode=dynamic "
+                     "replaces the partitions the data has rows in")
+    return "".join(f". {h}" for h in hints)
 
 
 def _check_partition_column(name: str, t: pa.DataType) -> None:
