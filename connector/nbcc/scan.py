@@ -50,12 +50,12 @@ from .schema import (
     null_array,
 )
 from .storage import Storage
-from .timeline import DATA_ACTIONS, OVERWRITES, REPLACE_COMMIT, Timeline, earliest_retained, read_commit_metadata
+from .timeline import DATA_ACTIONS, OVERWRITES, Timeline, earliest_retained, read_commit_metadata
 from .view import (
     TableView,
     check_readable,
     earliest_begin,
-    partition_cutoffs,
+    overwrite_cutoffs,
     schema_as_of,
     slices_by_group,
     state_lost_at,
@@ -423,10 +423,8 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     end_view = table_view(storage, config, timeline, end, index)
     in_range = [i for i in end_view.completed if i.completion > begin and i.action in DATA_ACTIONS]
     reset = any(i.action in OVERWRITES for i in in_range)
-    # The partitions an overwrite in the range replaced: (completion of the latest whole-table
-    # one, partition -> that of the latest dynamic one that wrote there).
-    reset_all = max((i.completion for i in in_range if i.action == REPLACE_COMMIT), default=None)
-    reset_by_partition = partition_cutoffs(in_range, end_view.replaced)
+    # Per partition, the completion of the latest overwrite in the range that replaced it.
+    resets = overwrite_cutoffs(in_range, end_view.replaced)
     retained = earliest_retained(storage, timeline)
     if retained is not None:
         first = earliest_begin(timeline, retained, options.is_cdc or reset)
@@ -456,11 +454,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
             range_files[(f["partition"], f["file_group"])].append(f["name"])
     end_groups = slices_by_group(storage, end_view)
     begin_groups = slices_by_group(storage, begin_view) if begin_view else {}
-
-    def reset_of(partition: str) -> str | None:
-        return max(reset_all or "", reset_by_partition.get(partition, "")) or None
-
-    touched = set(range_files) | {g for g in begin_groups if reset_of(g[0])}
+    touched = set(range_files) | {g for g in begin_groups if resets.of(g[0])}
     stats = FileStats(storage, end_view, index)
     info = stats.info
     allowed = _key_buckets(config, pinned)
@@ -468,7 +462,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         end_files = (files_to_merge(end_groups[(partition, fg)], False, end_view.pending_compactions)
                      if (partition, fg) in end_groups else ())
         begin_files = ()
-        if (options.is_cdc or reset_of(partition)) and (partition, fg) in begin_groups:
+        if (options.is_cdc or resets.of(partition)) and (partition, fg) in begin_groups:
             begin_files = files_to_merge(begin_groups[(partition, fg)], False, begin_view.pending_compactions)
         if not options.is_cdc and not _keep(config, end_view.schema, options.predicates, partition, fg,
                                             end_files or (), stats, allowed):
@@ -476,11 +470,11 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         group_range = tuple(range_files.get((partition, fg), ()))
         # For cdc too: the merge of the range's files alone is then the state at end of every
         # key they touch, and only the state at begin needs the older files.
-        range_only = not reset_of(partition) and _range_outranks_older(
+        range_only = not resets.of(partition) and _range_outranks_older(
             config, end_view.schema, partition, end_files or (), group_range, stats)
         files = group_range if range_only else tuple(end_files or ())
         size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files + tuple(begin_files or ()))
-        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, reset_of(partition),
+        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, resets.of(partition),
                                    range_only=range_only, bytes=size))
     return plan
 

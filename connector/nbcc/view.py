@@ -45,6 +45,29 @@ from .timeline import (
 )
 
 
+@dataclass(frozen=True)
+class Cutoffs:
+    """Where overwrites hide older files (format.md §12.1 step 5): per partition, the completion
+    time before which its commits are hidden; `whole` for partitions no dynamic overwrite
+    replaced (that of the latest overwrite of the whole table, or None)."""
+
+    whole: str | None = None
+    by_partition: Mapping[str, str] = field(default_factory=dict)  # each at least `whole`
+
+    def of(self, partition: str) -> str | None:
+        return self.by_partition.get(partition, self.whole)
+
+
+def overwrite_cutoffs(completed: Iterable[Instant], replaced: Mapping[str, frozenset[str]]) -> Cutoffs:
+    """The cutoffs the overwrites among `completed` (completion order) make; `replaced`: the
+    partitions of each dynamic one (`replaced_partitions`)."""
+    completed = list(completed)
+    whole = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
+    by_partition = {p: max(whole or "", inst.completion)
+                    for inst in completed for p in replaced.get(inst.instant, ())}  # the latest wins
+    return Cutoffs(whole, by_partition)
+
+
 @dataclass
 class TableView:
     """The timeline restricted to what had completed at `as_of` (None: everything)."""
@@ -54,14 +77,8 @@ class TableView:
     completion: dict[str, str | None]  # instant -> completion time, None if not completed by as_of
     pending_compactions: list[str]  # compaction instants scheduled by as_of, not completed by it
     schema: pa.Schema
-    overwrite_cutoff: str | None  # completion time of the latest overwrite of the whole table
+    cutoffs: Cutoffs
     replaced: dict[str, frozenset[str]] = field(default_factory=dict)  # dynamic overwrite -> its partitions
-    # partition -> completion time of the latest dynamic partition overwrite that replaced it
-    partition_cutoffs: dict[str, str] = field(default_factory=dict)
-
-    def cutoff(self, partition: str) -> str | None:
-        """The completion time before which the partition's commits are hidden by an overwrite."""
-        return max(self.overwrite_cutoff or "", self.partition_cutoffs.get(partition, "")) or None
 
     def file_info(self) -> dict[tuple[str, str], dict[str, Any]]:
         """(partition, file name) -> its descriptor in the commit metadata. One commit writes
@@ -81,10 +98,8 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
     pending = [i.instant for i in timeline.instants
                if i.action in (COMPACTION, COMPACTION_COMMIT) and (as_of is None or i.instant <= as_of)
                and i.instant not in done and i.state != "rolledback"]
-    cutoff = max((i.completion for i in completed if i.action == REPLACE_COMMIT), default=None)
     replaced = replaced_partitions(storage, completed, metas, index)
-    return TableView(completed, metas, completion, pending, schema, cutoff, replaced,
-                     partition_cutoffs(completed, replaced))
+    return TableView(completed, metas, completion, pending, schema, overwrite_cutoffs(completed, replaced), replaced)
 
 
 def replaced_partitions(storage: Storage, completed: Iterable[Instant], metas: Mapping[str, Mapping[str, Any]],
@@ -99,12 +114,6 @@ def replaced_partitions(storage: Storage, completed: Iterable[Instant], metas: M
     if index is not None and index.has(FILES):
         metas = read_commit_metadatas(storage, dynamic)  # cached: a commit file never changes
     return {i.instant: frozenset(f["partition"] for f in metas[i.instant]["files"]) for i in dynamic}
-
-
-def partition_cutoffs(completed: Iterable[Instant], replaced: Mapping[str, frozenset[str]]) -> dict[str, str]:
-    """partition -> completion time of the latest dynamic partition overwrite among `completed`
-    (completion order) that replaced it."""
-    return {p: inst.completion for inst in completed if inst.instant in replaced for p in replaced[inst.instant]}
 
 
 @dataclass(frozen=True)
@@ -219,10 +228,9 @@ def _visible(inst: Instant, cutoff: str | None) -> bool:
 def slices_by_group(storage: Storage, view: TableView) -> dict[tuple[str, str], list[FileSlice]]:
     """(partition, file group) -> its file slices as of the view, newest first."""
     files: dict[str, list[str]] = defaultdict(list)
-    cutoffs = {p: view.cutoff(p) for p in view.partition_cutoffs}
     for inst in view.completed:
         for f in view.metas[inst.instant]["files"]:
-            if _visible(inst, cutoffs.get(f["partition"], view.overwrite_cutoff)):
+            if _visible(inst, view.cutoffs.of(f["partition"])):
                 files[f["partition"]].append(f["name"])
     pending: dict[str, dict[str, str]] = defaultdict(dict)
     for tc in view.pending_compactions:
