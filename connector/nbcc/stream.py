@@ -369,8 +369,8 @@ def initial_offset(storage: Storage, begin: str | None) -> str:
 
 def latest_data_completion(storage: Storage) -> str:
     """The completion time of the latest data commit (BEFORE_ALL if there is none)."""
-    done = [i for i in Timeline.load(storage).completed() if i.action in DATA_ACTIONS]
-    return done[-1].completion if done else BEFORE_ALL
+    latest = Timeline.load(storage).latest_data_commit()
+    return latest.completion if latest else BEFORE_ALL
 
 
 @dataclass(frozen=True)

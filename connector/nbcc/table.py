@@ -409,11 +409,11 @@ class Table:
         if as_of is None or str(as_of).strip() == "":
             raise InvalidOptionError("restore needs the time to restore, as_of (an instant time or ISO-8601)")
         plan = self.plan(as_of=as_of)  # refuses a time before the oldest readable state
-        data = [i for i in Timeline.load(self.storage).completed() if i.action in DATA_ACTIONS]
-        if plan.options.as_of >= data[-1].completion:
+        latest = Timeline.load(self.storage).latest_data_commit().completion  # the plan found one
+        if plan.options.as_of >= latest:
             raise InvalidOptionError(
                 f"as_of={plan.options.as_of}: no commit completed after it (the latest completed at "
-                f"{data[-1].completion}), so a restore would change nothing. Give the completion time of "
+                f"{latest}), so a restore would change nothing. Give the completion time of "
                 "the last good commit (`nbcc timeline`'s COMPLETION column), or a time before the first bad "
                 "one completed")
         batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).to_batches())

@@ -123,6 +123,10 @@ class Timeline:
         done = self.completed()
         return done[-1].completion if done else None
 
+    def latest_data_commit(self) -> Instant | None:
+        """The data commit (upsert, delete or overwrite) that completed last."""
+        return next((i for i in reversed(self.completed()) if i.action in DATA_ACTIONS), None)
+
 
 # -- commit metadata (immutable once written, so cached by file name) --------------------------
 
