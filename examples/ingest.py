@@ -17,7 +17,7 @@ the list of valid options (spark_conf/nbcc-defaults.conf documents each, with it
     record_key, ordering_field, partition_by, buckets, merge_mode   the table's layout and merging
     lock_lease_ms, heartbeat_timeout_s    the table lock's lease (ms) and when a write counts as
                                           failed (s); like the above, fixed when the table is created
-    operation                             upsert (default) | delete
+    operation                             upsert (default) | delete | delete_partition
     max_log_file_bytes                    roll a log file over past this size
     compaction_delta_commits, compaction_inline   schedule a compaction after every N delta
                                           commits (and run it in this job too if inline is true)

@@ -1,11 +1,12 @@
 """Dynamic partition overwrite: `mode="overwrite"` with `partitionOverwriteMode=dynamic` replaces
 only the partitions the write has rows in (Spark's file sources, Delta and Hudi's
-`insert_overwrite` do the same); every other partition keeps its rows.
+`insert_overwrite` do the same); every other partition keeps its rows. A partition deletion
+(`operation="delete_partition"`, `Table.delete_partitions`) replaces partitions with nothing.
 
 The randomized test keeps its own model of the table in plain Python (one dict per key, and the
 partition each key lives in) and checks every read the format offers against it: snapshots,
-`as_of` every completed commit, and incremental ranges in both formats, with compactions (some
-left pending across an overwrite) and the metadata table on and off.
+`as_of` every completed commit, and incremental ranges in both formats, with partition deletions,
+compactions (some left pending across an overwrite) and the metadata table on and off.
 """
 
 from __future__ import annotations
@@ -254,6 +255,17 @@ def test_every_read_matches_the_model_through_random_partition_overwrites(tmp_pa
             table.write(batch(chosen, step, "x").select(["id", "day"]), operation="delete")
             now = {k: r for k, r in now.items() if k not in chosen}
             data = batch([], step, "x")
+        elif step == 8 or roll < 0.5:
+            days = set(rng.sample(DAYS, rng.randint(1, 2)))
+            if rng.random() < 0.5:
+                instant = table.delete_partitions([("day", "in", sorted(days))])
+            else:  # the rows name the partitions; their other columns do not matter
+                instant = table.write(batch([k for k in keys if day_of(k) in days][:3], step, "x").select(["day"]),
+                                      operation="delete_partition")
+            if instant is None:  # no partition matched: nothing written
+                continue
+            now = {k: r for k, r in now.items() if r["day"] not in days}
+            chosen, data = [], batch([], step, "x")
         elif roll < 0.75:
             days = set(rng.sample(DAYS, rng.randint(1, 2)))
             chosen = [k for k in chosen if day_of(k) in days] or [k for k in keys if day_of(k) in days][:2]
@@ -276,6 +288,7 @@ def test_every_read_matches_the_model_through_random_partition_overwrites(tmp_pa
         if pending and rng.random() < 0.3:
             table.run_compaction(pending.pop())
     assert any(i.action == "replacepartitions" for i in table.timeline())
+    assert table.describe()["format_version"] == 3  # a partition deletion began
 
     def check_all() -> None:
         for use_mdt in ((False, True) if seed >= 2 else (False,)):

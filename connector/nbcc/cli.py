@@ -17,6 +17,10 @@ Usage:
                                             the last N data commits needs
     nbcc archive URI [--retain-commits N]   move old instants into .nbcc/history/
     nbcc rollback URI INSTANT               roll back a write that did not complete
+    nbcc restore URI --as-of T              make the table's rows those it had at T (one overwrite)
+    nbcc delete-partitions URI --where "COL OP VALUE" [--where ...] [--dry-run]
+                                            delete every row of the matching partitions (one
+                                            commit, no files written)
     nbcc index URI                          the metadata table: each partition's state
     nbcc index URI --partitions files,column_stats,key_filters [--timeout S] [--quiet]
                                             build metadata table partitions while writers keep
@@ -41,8 +45,11 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from typing import Any, Sequence
+
+import pyarrow as pa
 
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
@@ -342,6 +349,63 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+def _where(text: str) -> tuple[Any, ...]:
+    """`COL OP VALUE`, `COL in V1,V2`, `COL is [not] null`: a filter tuple, its values text."""
+    m = re.fullmatch(r"\s*(\S+?)\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
+    if m:
+        return (m[1], "is_not_null" if m[2] else "is_null")
+    m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s+(.+?)\s*", text, re.IGNORECASE)
+    if m:
+        return (m[1], "not_in" if m[2].lower() != "in" else "in", [v.strip() for v in m[3].split(",")])
+    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|==|=|<|>)\s*(.+?)\s*", text)
+    if m:
+        return (m[1], m[2], m[3])
+    raise argparse.ArgumentTypeError(
+        f"{text!r}: give COLUMN OP VALUE (OP one of = != < <= > >=), COLUMN in V1,V2 or COLUMN is [not] null, "
+        "e.g. --where 'day < 2026-09-01'")
+
+
+def _typed(item: tuple[Any, ...], types: dict[str, Any]) -> tuple[Any, ...]:
+    """A `--where` tuple with its text values in its column's Python type (integers, booleans;
+    dates and strings stay text)."""
+    if len(item) < 3 or item[0] not in types:
+        return item
+    t = types[item[0]]
+
+    def value(text: str) -> Any:
+        if pa.types.is_integer(t):
+            try:
+                return int(text)
+            except ValueError:
+                raise InvalidOptionError(f"--where {item[0]}: {text!r} is not an integer") from None
+        if pa.types.is_boolean(t):
+            if text.lower() not in ("true", "false"):
+                raise InvalidOptionError(f"--where {item[0]}: {text!r} is not true or false")
+            return text.lower() == "true"
+        return text
+    return (item[0], item[1], [value(v) for v in item[2]] if isinstance(item[2], list) else value(item[2]))
+
+
+def cmd_delete_partitions(args: argparse.Namespace) -> int:
+    table = _open(args)
+    types = {f.name: f.type for f in table.schema()}
+    where = [_typed(item, types) for item in args.where]
+    if args.dry_run:
+        matched = table.partitions(where)
+        print(f"would delete {_n(len(matched), 'partition')}" + "".join(f"\n  {p}" for p in matched))
+        return 0
+    instant = table.delete_partitions(where)
+    if instant is None:
+        print(f"no partition of {table.uri} matches; nothing was written")
+        return 0
+    done = Timeline.load(table.storage).get(instant)
+    deleted = read_commit_metadata(table.storage, done)["replaced_partitions"]
+    print(f"deleted {_n(len(deleted), 'partition')} of {table.uri} with commit {instant} (completed at "
+          f"{done.completion}); their files stay readable with as_of until a clean deletes them"
+          + "".join(f"\n  {p}" for p in deleted))
+    return 0
+
+
 def cmd_index(args: argparse.Namespace) -> int:
     table = _open(args)
     if args.drop is not None:
@@ -524,6 +588,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as-of", metavar="T", type=_time, required=True,
                    help="the time to restore (instant time or ISO-8601)")
     p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser("delete-partitions", parents=[common], help="delete every row of the matching partitions",
+                       description="Delete every row of the partitions whose values match every --where, with "
+                                   "one commit that writes no files (a table's first raises its format version "
+                                   "to 3). Writes to those partitions that complete later are kept. The old "
+                                   "files stay readable with as_of until a clean deletes them.")
+    p.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
+                   help="a condition on a partition column: 'COL OP VALUE' (OP: = != < <= > >=; dates as "
+                        "2026-11-20), 'COL in V1,V2' or 'COL is null' (the null partition); repeat to require all")
+    p.add_argument("--dry-run", action="store_true", help="only print the partitions that would be deleted")
+    p.set_defaults(func=cmd_delete_partitions)
 
     p = sub.add_parser("index", parents=[common], help="build, drop or show the metadata table's partitions",
                        description="The metadata table (.nbcc/metadata) indexes the data files: `files` "

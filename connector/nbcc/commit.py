@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from .clock import TimeGenerator
-from .config import PARTITION_REPLACE_VERSION, raise_format_version
+from .config import DELETE_PARTITION, PARTITION_DELETE_VERSION, PARTITION_REPLACE_VERSION, raise_format_version
 from .errors import CommitError, LockLostError, SchemaError, StorageError
 from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
@@ -61,7 +61,8 @@ class WriteTransaction:
                 # every older instant that may still complete, which bounds what it must keep (§15).
                 self.instant = grant.time
                 if self.action == REPLACE_PARTITIONS:  # older nbcc must refuse the table from now (§3, §8)
-                    raise_format_version(self.storage, grant, PARTITION_REPLACE_VERSION)
+                    raise_format_version(self.storage, grant, PARTITION_DELETE_VERSION
+                                         if self.operation == DELETE_PARTITION else PARTITION_REPLACE_VERSION)
                 create_requested(self.storage, self.instant, self.action, info, grant)
         except StorageError as failure:
             # The put may have landed all the same (a lost reply, a request given up at the
@@ -82,8 +83,10 @@ class WriteTransaction:
         create_inflight(self.storage, self.instant, self.action, info)
         return self.instant
 
-    def commit(self, files: Iterable[dict[str, Any]], extra: dict[str, Any] | None = None) -> str:
-        """Complete the instant; returns its completion time."""
+    def commit(self, files: Iterable[dict[str, Any]], extra: dict[str, Any] | None = None,
+               partitions: Iterable[str] = ()) -> str:
+        """Complete the instant; returns its completion time. `partitions`: those a partition
+        deletion replaces (it writes no files)."""
         files = sorted(files, key=lambda f: (f["partition"], f["name"]))
         for f in files:
             parsed = parse_data_file(f["name"])
@@ -99,6 +102,8 @@ class WriteTransaction:
             "bytes": sum(int(f["bytes"]) for f in files),
             **(extra or {}),
         }
+        if self.action == REPLACE_PARTITIONS:  # its scope (format.md §8)
+            metadata["replaced_partitions"] = sorted({f["partition"] for f in files}.union(partitions))
         # The metadata table's entries go in before the commit completes, so a reader that sees
         # the commit finds them; a commit that then fails leaves entries of an instant that never
         # completes, which readers ignore. Several runs may complete one micro-batch's instant

@@ -22,13 +22,19 @@ FORMAT_VERSION = 1  # what a table is created with
 # dynamic partition overwrite raises it, so that an nbcc that predates the action refuses the
 # table instead of reading, or compacting, the replaced partitions' old rows back.
 PARTITION_REPLACE_VERSION = 2
-READ_FORMAT_VERSIONS = (1, 2)
+# Version 3 adds the commit metadata field `replaced_partitions` of `replacepartitions`: a
+# partition deletion replaces partitions it writes no file to, which a version-2 reader (scope =
+# the commit's files) would leave as they were. A table's first partition deletion raises it.
+PARTITION_DELETE_VERSION = 3
+READ_FORMAT_VERSIONS = (1, 2, 3)
 TABLE_CONFIG_PATH = ".nbcc/table.json"
 
 EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE = "event_time", "commit_time", "partial_update"
 MERGE_MODES = (EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE)
 UPSERT, DELETE = "upsert", "delete"
-OPERATIONS = (UPSERT, DELETE)
+# The partitions the rows are in lose every row (Hudi's delete_partition): no file is written.
+DELETE_PARTITION = "delete_partition"
+OPERATIONS = (UPSERT, DELETE, DELETE_PARTITION)
 # What mode("overwrite") replaces: the whole table, or only the partitions the write has rows in
 # (Spark's and Delta's option of this name; a Python data source never sees the session conf).
 STATIC, DYNAMIC = "static", "dynamic"
@@ -50,8 +56,8 @@ def check_write_operation(operation: str, overwrite: bool) -> None:
     """The write's operation and mode, checked before anything (a first write's table) exists."""
     if operation not in OPERATIONS:
         raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
-    if operation == DELETE and overwrite:
-        raise InvalidOptionError("operation=delete cannot be combined with overwrite mode")
+    if operation in (DELETE, DELETE_PARTITION) and overwrite:
+        raise InvalidOptionError(f"operation={operation} cannot be combined with overwrite mode; give mode append")
 
 
 def check_partition_overwrite_mode(value: Any) -> str:
@@ -157,7 +163,9 @@ TABLE_OPTIONS: dict[str, OptionSpec] = {
 }
 WRITE_OPTIONS: dict[str, OptionSpec] = {
     **TABLE_OPTIONS,
-    "operation": OptionSpec(_choice("operation", OPERATIONS), "upsert (default) | delete"),
+    "operation": OptionSpec(_choice("operation", OPERATIONS),
+                           "upsert (default) | delete (the rows' keys) | delete_partition (every row of "
+                           "the partitions the rows are in)"),
     "max_log_file_bytes": OptionSpec(_positive_int("max_log_file_bytes"), "roll a log file over to a new version past this size"),
     "compaction_delta_commits": OptionSpec(_positive_int("compaction_delta_commits"),
                                            "schedule a compaction after every N delta commits"),
@@ -391,7 +399,7 @@ class TableConfig:
             raise TableConfigError(f"{where} is not a JSON object ({exc})") from None
         if type(version) is not int or version not in READ_FORMAT_VERSIONS:
             raise SchemaError(f"table format version {version} is not supported by this nbcc (supports "
-                              f"{' and '.join(map(str, READ_FORMAT_VERSIONS))})")
+                              f"{min(READ_FORMAT_VERSIONS)} to {max(READ_FORMAT_VERSIONS)})")
         known = {"format_version", "schema", "record_key", "ordering_field", "partition_by", "buckets",
                  "merge_mode", "lock_lease_ms", "heartbeat_timeout_s", "metadata_table", "table_id"}
         try:

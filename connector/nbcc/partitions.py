@@ -120,3 +120,25 @@ def split_rows(table: pa.Table, partition_by: Sequence[str], record_key: Sequenc
             pidx, code = divmod(pidx, size)
             values.insert(0, dictionary[code])
         yield partition_path(partition_by, values), b, ordered.slice(s, e - s)
+
+
+def distinct_partitions(rows: pa.Table, partition_by: Sequence[str]) -> set[str]:
+    """The partition paths of `rows` (in the table's types)."""
+    distinct = rows.select(list(partition_by)).group_by(list(partition_by)).aggregate([])
+    columns = [distinct.column(c) for c in partition_by]
+    return {partition_path(partition_by, [col[i] for col in columns]) for i in range(distinct.num_rows)}
+
+
+def partition_values(paths: Sequence[str], partition_by: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """One row per partition path: its values in the table's types (the folders' texts, which
+    `_value_text` made, cast back), for matching partitions by a filter."""
+    texts = [parse_partition_path(p) for p in paths]
+    columns = {}
+    for name in partition_by:
+        field = schema.field(name)
+        try:
+            columns[name] = pc.cast(pa.array([t.get(name) for t in texts], pa.string()), field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(f"a folder of partition column {name!r} does not hold a {field.type} "
+                              f"value: {exc}") from None
+    return pa.table(columns, schema=pa.schema([schema.field(n) for n in partition_by]))

@@ -21,6 +21,7 @@ from .config import (
     DEFAULT_HEARTBEAT_TIMEOUT_S,
     DEFAULT_LOCK_LEASE_MS,
     DELETE,
+    DELETE_PARTITION,
     DYNAMIC,
     PARTITION_OVERWRITE_MODE,
     STATIC,
@@ -41,11 +42,13 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from .expr import conjunction, parse_filter
 from .file_slices import FileSlice
 from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
+from .partitions import partition_values
 from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, read_task, schema_read
 from .schema import evolve_schema
 from .storage import Storage
@@ -60,7 +63,7 @@ from .timeline import (
     earliest_retained,
 )
 from .view import TableView, check_readable, earliest_begin, oldest_readable, schema_as_of, slices_by_group, table_view
-from .writer import LogWriter, check_rows, coalesced, prepare
+from .writer import LogWriter, check_rows, coalesced, partitions_named, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
 
@@ -187,6 +190,17 @@ class Table:
         check_write_operation(operation, overwrite)
         partition_overwrite_mode = check_partition_overwrite_mode(partition_overwrite_mode)
         current = self.schema()
+        if operation == DELETE_PARTITION:
+            self._check_partitioned()
+            missing = [c for c in self.config.partition_by if c not in incoming_schema.names]
+            if missing:
+                raise InvalidOptionError(f"operation=delete_partition: the data lacks partition column(s) {missing}; "
+                                         "its rows name the partitions to delete")
+            # Only the partition columns count; their types are checked as a write's.
+            evolve_schema(current, pa.schema([incoming_schema.field(c) for c in self.config.partition_by]),
+                          delete=True)
+            return WriteTransaction(self.storage, self.clock, REPLACE_PARTITIONS, DELETE_PARTITION, current,
+                                    partition_depth=len(self.config.partition_by))
         missing = [c for c in self.config.record_key + self.config.partition_by if c not in incoming_schema.names]
         if missing:
             raise InvalidOptionError(
@@ -244,6 +258,12 @@ class Table:
                                   PARTITION_OVERWRITE_MODE: partition_overwrite_mode}, WRITE_OPTIONS, "write")
         operation = given.get("operation", UPSERT)
         schema, batches = _as_batches(data)
+        if operation == DELETE_PARTITION:
+            txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite")
+            found: set[str] = set()
+            for rows in coalesced(batches):  # every bad row is found before the instant begins
+                found |= partitions_named(rows, self.config, txn.schema)
+            return self._commit_deletion(txn, found)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
         def check_all(table_schema: pa.Schema) -> None:
@@ -278,6 +298,67 @@ class Table:
         maybe_compact(self.storage, self.config, self.clock, given.get("compaction_delta_commits"),
                       given.get("compaction_inline", False), f"commit {txn.instant}", log)
         return txn.instant
+
+    def _check_partitioned(self) -> None:
+        if not self.config.partition_by:
+            raise InvalidOptionError("the table has no partition columns, so it has no partitions to delete; to "
+                                     "delete every row, overwrite it with no rows (mode overwrite)")
+
+    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str]) -> str:
+        """Begin and complete a partition deletion: one commit, no files (format.md §8)."""
+        txn.begin()
+        try:
+            txn.commit([], partitions=partitions)
+        except BaseException as failure:
+            if not isinstance(failure, LockTimeoutError):
+                txn.rollback_or_log(failure)
+            raise
+        return txn.instant
+
+    def partitions(self, filter: Any = None) -> list[str]:
+        """The partitions (folder paths, `day=2026-11-20`) that have files in the current snapshot;
+        with `filter` (as `read`'s, on partition columns only), those whose values match it. An
+        unpartitioned table has none."""
+        if not self.config.partition_by:
+            return []
+        view = self._view(None)
+        paths = sorted({partition for partition, _ in slices_by_group(self.storage, view)})
+        if filter is None:
+            return paths
+        values = partition_values(paths, self.config.partition_by, view.schema)
+        preds, extra = parse_filter(filter, view.schema)
+        others = sorted({p.column for p in preds} - set(self.config.partition_by))
+        if others:
+            raise InvalidOptionError(
+                f"filter column(s) {others} are not partition columns ({list(self.config.partition_by)}): "
+                "whole partitions are matched by their partition values. To delete rows by key, write "
+                "them with operation='delete'")
+        if not preds and extra is None:
+            return paths
+        try:
+            matched = values.append_column("_path", pa.array(paths, pa.string())).filter(conjunction(preds, extra))
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise InvalidOptionError(f"the filter cannot be applied to the partition columns "
+                                     f"{list(self.config.partition_by)} alone: {exc}") from None
+        return matched.column("_path").to_pylist()
+
+    def delete_partitions(self, filter: Any) -> str | None:
+        """Delete every row of the partitions whose values match `filter` (as `read`'s, on
+        partition columns only, e.g. `[("day", "<", "2026-09-01")]`), with one commit that writes
+        no files (Hudi's delete_partition); returns its instant, or None if no partition matched
+        (nothing is written). Writes to those partitions that complete after it are kept. The old
+        files stay readable with `as_of` until a clean deletes them."""
+        self._check_partitioned()
+        if filter is None or (isinstance(filter, list) and not filter):
+            raise InvalidOptionError("delete_partitions needs a filter on partition columns, e.g. "
+                                     "[('day', '<', '2026-09-01')]; to delete every row, overwrite the table "
+                                     "with no rows")
+        matched = self.partitions(filter)
+        if not matched:
+            return None
+        current = self.schema()
+        txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION)
+        return self._commit_deletion(txn, matched)
 
     # -- table services ----------------------------------------------------------------------
 

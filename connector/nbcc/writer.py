@@ -21,7 +21,7 @@ from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
 from .errors import SchemaError
 from .expr import supported_type
 from .filenames import data_file_path, log_file_name
-from .partitions import check_partition_values, split_rows
+from .partitions import check_partition_values, distinct_partitions, split_rows
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
 
@@ -239,6 +239,14 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
     return (data.append_column(RECORD_KEY_COL, record_key_strings(data, config.record_key))
                 .append_column(IS_DELETED_COL, deleted)
                 .cast(_prepared_schema(table_schema)))
+
+
+def partitions_named(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema: pa.Schema) -> set[str]:
+    """The partitions a partition deletion's rows name: their partition columns' values, in the
+    table's types (SchemaError if they do not fit); the rows' other columns are ignored."""
+    columns = pa.schema([table_schema.field(c) for c in config.partition_by])
+    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+    return distinct_partitions(conform(table.select(columns.names), columns), config.partition_by)
 
 
 def _prepared_schema(table_schema: pa.Schema) -> pa.Schema:

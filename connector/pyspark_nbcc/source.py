@@ -43,6 +43,7 @@ from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
 from nbcc.config import (
+    DELETE_PARTITION,
     PARTITION_OVERWRITE_MODE,
     READ_OPTIONS,
     STATIC,
@@ -51,6 +52,7 @@ from nbcc.config import (
     TableConfig,
     check_write_operation,
     parse_options,
+    parse_table_options,
 )
 from nbcc.errors import InvalidOptionError, SchemaError
 from nbcc.expr import Predicate, check_value, supported_type
@@ -70,7 +72,7 @@ from nbcc.scan import (
 )
 from nbcc.schema import null_array, nullable_schema
 from nbcc.storage import Storage
-from nbcc.writer import LogWriter, coalesced, prepare
+from nbcc.writer import LogWriter, coalesced, partitions_named, prepare
 
 log = logging.getLogger(__name__)
 
@@ -318,13 +320,17 @@ def open_for_write(uri: str, options: dict[str, Any], storage_options: dict[str,
     # Nullable at every depth, for the columns a first write creates and those a later one adds
     # alike: Spark marks literals, array(...) elements and VARIANT's fields not null by accident.
     operation = options.pop("operation", "upsert")
-    if operation != "delete":  # a delete ignores the columns the table lacks
+    if operation not in ("delete", DELETE_PARTITION):  # deletes ignore the columns the table lacks
         _check_no_variant(schema)
     arrow_schema = nullable_schema(to_arrow_schema(schema, timezone="UTC"))
     max_bytes = options.pop("max_log_file_bytes", None)
     trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
     check_write_operation(operation, overwrite)  # before a first write creates the table
-    table = Table.open_or_create(uri, arrow_schema, storage_options, **options)
+    if operation == DELETE_PARTITION:  # never creates a table: it has no rows to hold
+        table = Table.open(uri, storage_options)
+        table.config.check_options(parse_table_options(options))
+    else:
+        table = Table.open_or_create(uri, arrow_schema, storage_options, **options)
     return table, arrow_schema, operation, max_bytes, trigger
 
 
@@ -481,6 +487,11 @@ class NbccWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> NbccCommitMessage:
         from pyspark import TaskContext
 
+        if self.txn.operation == DELETE_PARTITION:  # names partitions, writes no file
+            found: set[str] = set()
+            for rows in coalesced(iterator):
+                found |= partitions_named(rows, self.config, self.txn.schema)
+            return NbccCommitMessage(partitions=sorted(found))
         ctx = TaskContext.get()
         token = make_token(ctx.partitionId(), ctx.stageId(), ctx.attemptNumber()) if ctx else make_token(0, 0, 0)
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
@@ -498,7 +509,8 @@ class NbccWriter(DataSourceArrowWriter):
         return NbccCommitMessage(files=files, partitions=sorted({f["partition"] for f in files}))
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
-        self.txn.commit([f for m in messages if m is not None for f in m.files])
+        self.txn.commit([f for m in messages if m is not None for f in m.files],
+                        partitions=[p for m in messages if m is not None for p in m.partitions])
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
                       f"the Spark write's commit {self.txn.instant}", log)

@@ -42,6 +42,7 @@ from nbcc import Table
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
 from nbcc.config import (
+    DELETE_PARTITION,
     PARTITION_OVERWRITE_MODE,
     READ_OPTIONS,
     STREAM_READ_OPTIONS,
@@ -107,6 +108,11 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
     stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
     parsed.pop("checkpointlocation", None)
+    if parsed.get("operation") == DELETE_PARTITION:
+        raise InvalidOptionError(
+            "operation=delete_partition is for batch writes (df.write): a stream would delete the partitions "
+            "of every micro-batch's rows. Delete partitions with a batch write, Table.delete_partitions or "
+            "`nbcc delete-partitions`")
     table, arrow_schema, operation, max_bytes, trigger = open_for_write(
         uri, parsed, storage_options, schema, overwrite)
     template = table.prepare_write(arrow_schema, operation, overwrite)
