@@ -531,12 +531,40 @@ def test_restore_undoes_later_writes_with_one_overwrite_and_keeps_them_readable(
     assert table.timeline() == timeline
 
 
+def test_delete_partitions_lists_first_with_dry_run_then_deletes_with_one_commit(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    table.write(pa.table({"id": [100], "p": [None], "v": [1]}, schema=SCHEMA))  # the null partition
+    before, timeline = snapshot(table), table.timeline()
+    code, out, err = run(capsys, "delete-partitions", uri, "--where", "p < b", "--where", "p != z", "--dry-run")
+    assert (code, err) == (0, "") and out.split() == ["would", "delete", "1", "partition", "p=a"]
+    assert (snapshot(table), table.timeline()) == (before, timeline)
+    code, out, err = run(capsys, "delete-partitions", uri, "--where", "p in a, c", "--where", "p is not null")
+    done = table.timeline()[-1]
+    assert code == 0 and err == "" and done.action == "replacepartitions" and done.instant in out, err
+    assert out.splitlines()[1:] == ["  p=a"]
+    assert snapshot(table) == [r for r in before if r["p"] != "a"]
+    code, out, err = run(capsys, "delete-partitions", uri, "--where", "p is null")
+    assert code == 0 and [r["p"] for r in snapshot(table)] == ["b"] * (len(before) - 1 - sum(r["p"] == "a" for r in before))
+    timeline = table.timeline()
+    code, out, err = run(capsys, "delete-partitions", uri, "--where", "p = a")
+    assert code == 0 and "no partition" in out and "nothing was written" in out and table.timeline() == timeline
+    for where, code_, problem in [("v < 3", 1, "are not partition columns"), ("p", 2, "give COLUMN OP VALUE"),
+                                  ("nosuch = 1", 1, "filter column 'nosuch' is not in the table")]:
+        code, out, err = run(capsys, "delete-partitions", uri, "--where", where)
+        assert code == code_ and out == "" and problem in err, (where, err)
+    assert table.timeline() == timeline
+    assert run(capsys, "delete-partitions", uri)[0] == 2  # --where is required
+
+
 # -- errors and options --------------------------------------------------------------------------
 
 def test_a_uri_that_is_not_a_table(tmp_path, capsys):
-    for command in (["timeline"], ["slices"], ["compact"], ["clean"], ["archive"], ["rollback"], ["restore"]):
+    for command in (["timeline"], ["slices"], ["compact"], ["clean"], ["archive"], ["rollback"], ["restore"],
+                    ["delete-partitions"]):
         argv = (command + [tmp_path / "empty"] + (["20240101000000000"] if command == ["rollback"] else [])
-                + (["--as-of", "20240101000000000"] if command == ["restore"] else []))
+                + (["--as-of", "20240101000000000"] if command == ["restore"] else [])
+                + (["--where", "p = a"] if command == ["delete-partitions"] else []))
         code, out, err = run(capsys, *argv)
         assert code == 1, command
         assert out == "" and err.startswith("nbcc: error: ") and "not an nbcc table" in err

@@ -11,6 +11,7 @@ compactions (some left pending across an overwrite) and the metadata table on an
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 from pathlib import Path
@@ -20,6 +21,8 @@ import pyarrow as pa
 import pytest
 
 import nbcc
+from nbcc.filenames import make_token
+from nbcc.writer import prepare
 
 SCHEMA = pa.schema([("id", pa.int64()), ("day", pa.string()), ("ts", pa.int64()), ("v", pa.string())])
 DAYS = ("d1", "d2", "d3")
@@ -310,3 +313,145 @@ def test_every_read_matches_the_model_through_random_partition_overwrites(tmp_pa
     for tc in pending:
         table.run_compaction(tc)
     check_all()
+
+
+# -- partition deletion -----------------------------------------------------------------------------
+
+def test_delete_partitions_removes_their_rows_in_one_commit_and_time_travel_and_cdc_see_it(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(9), 1, "a"))
+    before = rows_of(table.read())
+    written = last_completed(table).completion
+    assert table.partitions() == ["day=d1", "day=d2", "day=d3"]
+    assert table.partitions([("day", "<", "d3")]) == ["day=d1", "day=d2"]
+    files_before = sorted(p.name for p in Path(table.uri).rglob("*.log.*"))
+    instant = table.delete_partitions([("day", "<", "d3")])
+    done = last_completed(table)
+    assert (done.instant, done.action) == (instant, "replacepartitions")
+    assert sorted(p.name for p in Path(table.uri).rglob("*.log.*")) == files_before  # no file written
+    assert rows_of(table.read()) == {k: r for k, r in before.items() if r["day"] == "d3"}
+    assert table.partitions() == ["day=d3"]
+    assert rows_of(table.read(as_of=written)) == before
+    assert table.describe()["format_version"] == 3
+    cdc = table.read(query_type="incremental", begin=written, incremental_format="cdc")
+    assert sorted((r["id"], r["_change_type"], r["_nbcc_completion_time"]) for r in cdc.to_pylist()) == \
+        [(k, "delete", done.completion) for k in sorted(before) if day_of(k) != "d3"]
+    assert table.read(query_type="incremental", begin=written).num_rows == 0  # latest_state: nothing live
+    table.write(batch([0], 2, "n"))  # the partition takes new rows again
+    assert rows_of(table.read())[0]["v"] == "n-0"
+    assert table.delete_partitions([("day", "=", "d9")]) is None  # no match: nothing written
+    assert last_completed(table).action == "deltacommit"
+
+
+def test_the_rows_form_deletes_the_partitions_the_rows_are_in_and_ignores_their_other_columns(tmp_path):
+    table = new_table(str(tmp_path / "t"), partition_by="day,ts")
+    table.write(batch(range(6), 1, "a"))
+    table.write(batch([6], 2, "b"))
+    names = pa.table({"day": ["d1", "d1", "d2"], "ts": [1, 1, 2], "v": ["whatever", None, "x"]})
+    table.write(names, operation="delete_partition")  # d1/1; d2/2 holds nothing, and is named all the same
+    assert sorted(rows_of(table.read())) == [1, 2, 4, 5, 6]
+    meta = json.loads(next(Path(table.uri, ".nbcc", "timeline").glob("*_*.replacepartitions")).read_text())
+    assert (meta["operation"], meta["files"], meta["replaced_partitions"]) == \
+        ("delete_partition", [], ["day=d1/ts=1", "day=d2/ts=2"])
+
+
+def test_a_write_that_completes_after_a_deletion_is_kept_and_one_before_it_is_not(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch([0, 3], 1, "a"))
+    early = table.begin_write(SCHEMA)  # begins before the deletion, completes after it
+    writer = table.log_writer(early, make_token(0, 0, 0))
+    writer.write(prepare(batch([6], 2, "late"), table.config, early.schema, "upsert"))
+    table.write(batch([9], 3, "done-before"))  # completes before the deletion
+    table.delete_partitions([("day", "=", "d1")])
+    early.commit(writer.close())
+    assert {k: r["v"] for k, r in rows_of(table.read()).items()} == {6: "late-6"}
+
+
+def test_a_compaction_planned_before_a_deletion_and_clean_and_archival_do_not_bring_rows_back(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.build_index("files")
+    table.write(batch(range(9), 1, "a"))
+    tc = table.schedule_compaction()
+    table.delete_partitions([("day", "in", ["d1", "d2"])])
+    expected = {k: r for k, r in rows_of(table.read()).items()}
+    assert sorted(expected) == [2, 5, 8]
+    table.run_compaction(tc)
+    table.write(batch([2], 2, "n"))
+    table.write(batch([5], 3, "n"))
+    expected = rows_of(table.read())
+    table.clean(retain_commits=1)
+    assert not list(Path(table.uri).glob("day=d1/*")) and not list(Path(table.uri).glob("day=d2/*"))
+    table.archive(retain_commits=1)
+    assert any(i.archived for i in table.timeline())
+    for use_mdt in (True, False):
+        assert rows_of(table.read(use_metadata_table=use_mdt)) == expected
+        assert rows_of(table.read(query_type="read_optimized", use_metadata_table=use_mdt)).keys() <= expected.keys()
+    assert table.partitions() == ["day=d3"]
+
+
+def test_the_version_goes_from_2_to_3_and_a_later_dynamic_overwrite_does_not_lower_it(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(3), 1, "a"))
+    table.write(batch([0], 2, "o"), mode="overwrite", partition_overwrite_mode="dynamic")
+    assert table.describe()["format_version"] == 2
+    table.write(pa.table({"day": ["d2"]}), operation="delete_partition")
+    assert table.describe()["format_version"] == 3
+    table.write(batch([1], 3, "o"), mode="overwrite", partition_overwrite_mode="dynamic")
+    assert table.describe()["format_version"] == 3
+    assert {k: r["v"] for k, r in rows_of(table.read()).items()} == {0: "o-0", 1: "o-1", 2: "a-2"}
+
+
+def test_partition_values_of_every_kind_are_matched_by_their_values(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("day", pa.date32()), ("flag", pa.bool_()),
+                        ("at", pa.timestamp("us", tz="UTC"))])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", partition_by=["region", "day", "flag", "at"],
+                              buckets=1)
+    at = [dt.datetime(2026, 1, 1, h, tzinfo=dt.timezone.utc) for h in range(4)]
+    table.write(pa.table({"id": [0, 1, 2, 3], "region": ["eu west", "us", None, "eu west"],
+                          "day": [dt.date(2026, 1, d) for d in (1, 2, 3, 4)], "flag": [True, False, True, None],
+                          "at": pa.array(at, pa.timestamp("us", tz="UTC"))}, schema=schema))
+
+    def ids() -> list[int]:
+        return sorted(table.read().column("id").to_pylist())
+
+    assert table.partitions([("region", "=", "eu west"), ("day", ">=", "2026-01-04")]) == \
+        ["region=eu%20west/day=2026-01-04/flag=__HIVE_DEFAULT_PARTITION__/at=2026-01-01%2003%3A00%3A00.000000Z"]
+    table.delete_partitions([("region", "is_null")])
+    assert ids() == [0, 1, 3]
+    table.delete_partitions([("flag", "=", False)])
+    assert ids() == [0, 3]
+    import pyarrow.compute as pc  # a pyarrow expression reaches column types the tuple form does not
+    table.delete_partitions(pc.field("at") < pa.scalar(at[1], pa.timestamp("us", tz="UTC")))
+    assert ids() == [3]
+
+
+@pytest.mark.parametrize("call, problem", [
+    (lambda t: t.delete_partitions(None), "needs a filter on partition columns"),
+    (lambda t: t.delete_partitions([]), "needs a filter on partition columns"),
+    (lambda t: t.delete_partitions([("ts", "<", 5)]), r"filter column\(s\) \['ts'\] are not partition columns"),
+    (lambda t: t.delete_partitions([("day", "=", 3)]), "are not strings"),
+    (lambda t: t.delete_partitions(pa.compute.field("ts") < 5), "cannot be applied to the partition columns"),
+    (lambda t: t.write(pa.table({"id": [1]}), operation="delete_partition"), r"lacks partition column\(s\) \['day'\]"),
+    (lambda t: t.write(pa.table({"day": [1.5]}), operation="delete_partition"), "has type double in the data"),
+    (lambda t: t.write(pa.table({"day": ["d1"]}), operation="delete_partition", mode="overwrite"),
+     "cannot be combined with overwrite mode"),
+])
+def test_bad_partition_deletions_are_refused_and_nothing_is_written(tmp_path, call, problem):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(6), 1, "a"))
+    before, timeline = rows_of(table.read()), table.timeline()
+    with pytest.raises(nbcc.NbccError, match=problem):
+        call(table)
+    assert (rows_of(table.read()), table.timeline()) == (before, timeline)
+    assert table.describe()["format_version"] == 1
+
+
+def test_an_unpartitioned_table_has_no_partitions_to_delete(tmp_path):
+    table = new_table(str(tmp_path / "t"), partition_by=None)
+    table.write(batch(range(3), 1, "a"))
+    assert table.partitions() == []
+    for call in (lambda: table.delete_partitions([("day", "=", "d1")]),
+                 lambda: table.write(pa.table({"day": ["d1"]}), operation="delete_partition")):
+        with pytest.raises(nbcc.NbccError, match="no partition columns.*overwrite it with no rows"):
+            call()
+    assert sorted(rows_of(table.read())) == [0, 1, 2] and len(table.timeline()) == 1

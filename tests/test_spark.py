@@ -16,6 +16,7 @@ from chispa import assert_df_equality
 from pyspark.sql import Row, functions as F
 
 import nbcc
+from nbcc.timeline import read_commit_metadata
 from pyspark_nbcc import options_from_conf, repartition_by_bucket
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,6 +152,36 @@ def test_dynamic_partition_overwrite_replaces_only_the_partitions_written(spark,
     assert len(nbcc.Table.open(uri).timeline()) == 2  # nothing written
     new.filter("id = 1").write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "static").save(uri)
     assert [r.id for r in spark.read.format("nbcc").load(uri).collect()] == [1]
+
+
+def test_operation_delete_partition_deletes_the_partitions_of_the_rows_and_needs_a_table(spark, local_table, tmp_path):
+    uri, _ = local_table
+    df = spark.createDataFrame([(i, f"a-{i}", f"d{i % 3}") for i in range(9)], "id long, v string, day string")
+    df.write.format("nbcc").mode("append").option("record_key", "id").option("partition_by", "day").save(uri)
+    # The README's form: only the partition column, several tasks, a value named twice and one with no rows.
+    days = spark.createDataFrame([("d0",), ("d1",), ("d0",), ("d9",)], "day string").repartition(3)
+    days.write.format("nbcc").mode("append").option("operation", "DELETE_PARTITION").save(uri)
+    assert sorted(r.id for r in spark.read.format("nbcc").load(uri).collect()) == [2, 5, 8]
+    done = nbcc.Table.open(uri).timeline()[-1]
+    assert done.action == "replacepartitions"
+    meta = read_commit_metadata(nbcc.Table.open(uri).storage, done)
+    assert (meta["operation"], meta["files"], meta["replaced_partitions"]) == \
+        ("delete_partition", [], ["day=d0", "day=d1", "day=d9"])
+    spark.createDataFrame([(0, "n-0", "d0")], "id long, v string, day string").write.format("nbcc") \
+        .mode("append").save(uri)  # the partition takes rows again
+    assert sorted(r.id for r in spark.read.format("nbcc").load(uri).collect()) == [0, 2, 5, 8]
+    # It never creates a table, and a table option that differs is refused as for any write.
+    missing = str(tmp_path / "missing")
+    with pytest.raises(Exception, match=r"operation=delete_partition: .*missing is not an nbcc table \(no "
+                                        r"\.nbcc/table\.json\), so it has no partitions to delete"):
+        days.write.format("nbcc").mode("append").option("operation", "delete_partition").save(missing)
+    assert not os.path.exists(os.path.join(missing, ".nbcc"))
+    with pytest.raises(Exception, match="option buckets=3 differs from the table's buckets=16"):
+        days.write.format("nbcc").mode("append").option("operation", "delete_partition").option("buckets", "3") \
+            .save(uri)
+    with pytest.raises(Exception, match="operation=delete_partition cannot be combined with overwrite mode"):
+        days.write.format("nbcc").mode("overwrite").option("operation", "delete_partition").save(uri)
+    assert len(nbcc.Table.open(uri).timeline()) == 3  # nothing written
 
 
 def test_restore_recipe_one_job_reads_the_table_as_of_a_time_and_overwrites_it(spark, local_table):

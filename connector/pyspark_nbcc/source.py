@@ -54,7 +54,7 @@ from nbcc.config import (
     parse_options,
     parse_table_options,
 )
-from nbcc.errors import InvalidOptionError, SchemaError
+from nbcc.errors import InvalidOptionError, SchemaError, TableNotFoundError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
@@ -327,7 +327,11 @@ def open_for_write(uri: str, options: dict[str, Any], storage_options: dict[str,
     trigger = (options.pop("compaction_delta_commits", None), options.pop("compaction_inline", False))
     check_write_operation(operation, overwrite)  # before a first write creates the table
     if operation == DELETE_PARTITION:  # never creates a table: it has no rows to hold
-        table = Table.open(uri, storage_options)
+        try:
+            table = Table.open(uri, storage_options)
+        except TableNotFoundError as exc:
+            raise TableNotFoundError(f"operation=delete_partition: {exc.args[0].split(';')[0]}, so it has no "
+                                     "partitions to delete") from None
         table.config.check_options(parse_table_options(options))
     else:
         table = Table.open_or_create(uri, arrow_schema, storage_options, **options)
