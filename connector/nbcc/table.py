@@ -243,8 +243,10 @@ class Table:
               compaction_delta_commits: int | None = None, compaction_inline: bool = False) -> str:
         """Write `data` as one commit; returns its instant.
 
-        `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key) or
-        "delete" (the rows' keys are deleted). `mode="overwrite"` replaces the table's contents;
+        `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key),
+        "delete" (the rows' keys are deleted) or "delete_partition" (every row of the partitions
+        the rows are in is deleted, with a commit that writes no files; only their partition
+        columns are read, see `delete_partitions`). `mode="overwrite"` replaces the table's contents;
         with `partition_overwrite_mode="dynamic"`, only those of the partitions `data` has rows in.
         Bad data raises before anything is written when `data` is a Table; a stream that turns
         bad part-way, or a write failing for any other reason, is rolled back at once.
@@ -258,12 +260,18 @@ class Table:
                                   PARTITION_OVERWRITE_MODE: partition_overwrite_mode}, WRITE_OPTIONS, "write")
         operation = given.get("operation", UPSERT)
         schema, batches = _as_batches(data)
+
+        def compact_if_due(instant: str) -> str:
+            maybe_compact(self.storage, self.config, self.clock, given.get("compaction_delta_commits"),
+                          given.get("compaction_inline", False), f"commit {instant}", log)
+            return instant
+
         if operation == DELETE_PARTITION:
             txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite")
             found: set[str] = set()
             for rows in coalesced(batches):  # every bad row is found before the instant begins
                 found |= partitions_named(rows, self.config, txn.schema)
-            return self._commit_deletion(txn, found)
+            return compact_if_due(self._commit_deletion(txn, found))
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
         def check_all(table_schema: pa.Schema) -> None:
@@ -295,9 +303,7 @@ class Table:
             if not isinstance(failure, LockTimeoutError):
                 txn.rollback_or_log(failure)
             raise
-        maybe_compact(self.storage, self.config, self.clock, given.get("compaction_delta_commits"),
-                      given.get("compaction_inline", False), f"commit {txn.instant}", log)
-        return txn.instant
+        return compact_if_due(txn.instant)
 
     def _check_partitioned(self) -> None:
         if not self.config.partition_by:
