@@ -531,6 +531,27 @@ def test_restore_undoes_later_writes_with_one_overwrite_and_keeps_them_readable(
     assert table.timeline() == timeline
 
 
+def test_delete_counts_first_with_dry_run_then_deletes_the_matching_records(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)  # ids 0-7, v=1, p alternating a/b
+    table.write(batch([2, 3], 7))
+    before, timeline = snapshot(table), table.timeline()
+    code, out, err = run(capsys, "delete", uri, "--where", "v = 7", "--where", "id in 3, 4", "--dry-run")
+    assert (code, err, out.strip()) == (0, "", "would delete 1 record")
+    assert table.timeline() == timeline
+    code, out, err = run(capsys, "delete", uri, "--where", "v >= 7")
+    done = table.timeline()[-1]
+    assert code == 0 and err == "" and done.action == "deltacommit" and done.instant in out
+    assert "deleted 2 records" in out
+    assert snapshot(table) == [r for r in before if r["id"] not in (2, 3)]
+    timeline = table.timeline()
+    code, out, err = run(capsys, "delete", uri, "--where", "v = 7")
+    assert code == 0 and "nothing was written" in out and table.timeline() == timeline
+    code, out, err = run(capsys, "delete", uri, "--where", "v = seven")
+    assert code == 1 and out == "" and "'seven' is not an integer" in err
+    assert table.timeline() == timeline
+
+
 def test_delete_partitions_lists_first_with_dry_run_then_deletes_with_one_commit(local_table, capsys):
     uri, _ = local_table
     table, _ = make_table(uri, commits=2)
@@ -561,10 +582,10 @@ def test_delete_partitions_lists_first_with_dry_run_then_deletes_with_one_commit
 
 def test_a_uri_that_is_not_a_table(tmp_path, capsys):
     for command in (["timeline"], ["slices"], ["compact"], ["clean"], ["archive"], ["rollback"], ["restore"],
-                    ["delete-partitions"]):
+                    ["delete-partitions"], ["delete"]):
         argv = (command + [tmp_path / "empty"] + (["20240101000000000"] if command == ["rollback"] else [])
                 + (["--as-of", "20240101000000000"] if command == ["restore"] else [])
-                + (["--where", "p = a"] if command == ["delete-partitions"] else []))
+                + (["--where", "p = a"] if command in (["delete-partitions"], ["delete"]) else []))
         code, out, err = run(capsys, *argv)
         assert code == 1, command
         assert out == "" and err.startswith("nbcc: error: ") and "not an nbcc table" in err

@@ -184,6 +184,19 @@ def test_operation_delete_partition_deletes_the_partitions_of_the_rows_and_needs
     assert len(nbcc.Table.open(uri).timeline()) == 3  # nothing written
 
 
+def test_delete_where_recipe_one_job_reads_the_matching_keys_and_deletes_them(spark, local_table):
+    # The README's DELETE ... WHERE: the read's plan is fixed before the delete's instant begins.
+    uri, _ = local_table
+    df = spark.createDataFrame([(i, "test" if i % 3 == 0 else "ok", f"d{i % 2}") for i in range(12)],
+                               "id long, status string, day string")
+    df.write.format("nbcc").mode("append").option("record_key", "id").option("partition_by", "day").save(uri)
+    (spark.read.format("nbcc").load(uri).where("status = 'test'").select("id", "day")
+        .write.format("nbcc").mode("append").option("operation", "delete").save(uri))
+    assert sorted(r.id for r in spark.read.format("nbcc").load(uri).collect()) == \
+        [i for i in range(12) if i % 3 != 0]
+    assert [i.action for i in nbcc.Table.open(uri).timeline()] == ["deltacommit", "deltacommit"]
+
+
 def test_restore_recipe_one_job_reads_the_table_as_of_a_time_and_overwrites_it(spark, local_table):
     # The README's restore: the read's plan holds the files as of `good`, which the overwrite
     # leaves in place until it completes and a clean passes them.

@@ -18,6 +18,8 @@ Usage:
     nbcc archive URI [--retain-commits N]   move old instants into .nbcc/history/
     nbcc rollback URI INSTANT               roll back a write that did not complete
     nbcc restore URI --as-of T              make the table's rows those it had at T (one overwrite)
+    nbcc delete URI --where "COL OP VALUE" [--where ...] [--dry-run]
+                                            delete the records that match (one delete commit)
     nbcc delete-partitions URI --where "COL OP VALUE" [--where ...] [--dry-run]
                                             delete every row of the matching partitions (one
                                             commit, no files written)
@@ -60,6 +62,7 @@ from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
 from .storage_options import check_storage_options
+from .scan import read_task
 from .table import Table
 from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline, read_commit_metadata
 
@@ -386,6 +389,25 @@ def _typed(item: tuple[Any, ...], types: dict[str, Any]) -> tuple[Any, ...]:
     return (item[0], item[1], [value(v) for v in item[2]] if isinstance(item[2], list) else value(item[2]))
 
 
+def cmd_delete(args: argparse.Namespace) -> int:
+    table = _open(args)
+    types = {f.name: f.type for f in table.schema()}
+    where = [_typed(item, types) for item in args.where]
+    if args.dry_run:
+        plan = table.plan(filter=where)
+        matched = sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
+        print(f"would delete {_n(matched, 'record')}")
+        return 0
+    instant = table.delete(where)
+    if instant is None:
+        print(f"no record of {table.uri} matches; nothing was written")
+        return 0
+    done = Timeline.load(table.storage).get(instant)
+    rows = read_commit_metadata(table.storage, done)["rows"]
+    print(f"deleted {_n(rows, 'record')} of {table.uri} with commit {instant} (completed at {done.completion})")
+    return 0
+
+
 def cmd_delete_partitions(args: argparse.Namespace) -> int:
     table = _open(args)
     types = {f.name: f.type for f in table.schema()}
@@ -588,6 +610,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as-of", metavar="T", type=_time, required=True,
                    help="the time to restore (instant time or ISO-8601)")
     p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser("delete", parents=[common], help="delete the records that match (SQL's DELETE ... WHERE)",
+                       description="Delete the records whose values match every --where (any columns), with one "
+                                   "delete commit of their keys. Records that a concurrent write makes match "
+                                   "while it runs are kept. The deleted versions stay readable with as_of until "
+                                   "a compaction and a clean pass them.")
+    p.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
+                   help="a condition: 'COL OP VALUE' (OP: = != < <= > >=; dates as 2026-11-20), 'COL in V1,V2' "
+                        "or 'COL is [not] null' (integer, string, date and boolean columns); repeat to require all")
+    p.add_argument("--dry-run", action="store_true", help="only print how many records would be deleted")
+    p.set_defaults(func=cmd_delete)
 
     p = sub.add_parser("delete-partitions", parents=[common], help="delete every row of the matching partitions",
                        description="Delete every row of the partitions whose values match every --where, with "

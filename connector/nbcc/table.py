@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -505,6 +506,25 @@ class Table:
                 "one completed")
         batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).to_batches())
         return self.write(pa.RecordBatchReader.from_batches(plan.output_schema, batches), mode="overwrite")
+
+    def delete(self, filter: Any) -> str | None:
+        """Delete the records that match `filter` (as `read`'s: on any columns; SQL's DELETE ...
+        WHERE) with one delete commit of their keys; returns its instant, or None if no record
+        matches (nothing is written). The records are those of the snapshot this call reads:
+        one that a concurrent write makes match afterwards is kept. Deletes carry no ordering
+        value, so they win over every version written before them (§ Merge modes). Reads one
+        file group at a time; memory holds one file group's matching keys."""
+        if filter is None or (isinstance(filter, list) and not filter):
+            raise InvalidOptionError("delete needs a filter, e.g. [('status', '=', 'test')]; to delete every row, "
+                                     "overwrite the table with no rows")
+        plan = self.plan(filter=filter)
+        keys = list(dict.fromkeys(self.config.record_key + self.config.partition_by))
+        batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).select(keys).to_batches()
+                   if b.num_rows)
+        first = next(batches, None)
+        if first is None:
+            return None
+        return self.write(itertools.chain([first], batches), operation=DELETE)
 
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""
