@@ -9,11 +9,13 @@ the Python API the command is a front end to.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import re
 import subprocess
 import sys
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -529,6 +531,31 @@ def test_restore_undoes_later_writes_with_one_overwrite_and_keeps_them_readable(
         code, out, err = run(capsys, "restore", uri, "--as-of", when)
         assert code == 1 and out == "" and "no commit completed after it" in err, err
     assert table.timeline() == timeline
+
+
+def test_delete_partitions_takes_every_partition_type_and_quoted_values(local_table, capsys):
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("region", pa.string()), ("at", pa.timestamp("us", tz="UTC")),
+                        ("amount", pa.decimal128(10, 2)), ("flag", pa.bool_())])
+    table = nbcc.Table.create(uri, schema, "id", partition_by=["region", "at", "amount", "flag"], buckets=1)
+    at = [dt.datetime(2026, 1, 1, h, tzinfo=dt.timezone.utc) for h in range(5)]
+    table.write(pa.table({"id": [0, 1, 2, 3, 4], "region": ["eu west", "us", "eu,north", "us", None], "at": at,
+                          "amount": [Decimal("0.50"), Decimal("1.50"), Decimal("2.00"), Decimal("0.50"), None],
+                          "flag": [True, False, True, False, None]}, schema=schema))
+
+    def deleted(*conditions) -> list[int]:
+        before = {r["id"] for r in table.read().to_pylist()}
+        code, out, err = run(capsys, "delete-partitions", uri, *[a for c in conditions for a in ("--where", c)])
+        assert code == 0 and err == "", err
+        return sorted(before - {r["id"] for r in table.read().to_pylist()})
+
+    assert deleted("at < 2026-01-01T00:30:00Z") == [0]
+    assert deleted('region in "eu,north", x') == [2]
+    assert deleted("amount = 0.5", "flag == false") == [3]
+    assert deleted("region not in 'eu west', x", "at >= 2026-01-01 01:00:00") == [1]  # not the null region
+    assert deleted("amount is null") == [4]
+    code, out, err = run(capsys, "delete-partitions", uri, "--where", "amount = lots")
+    assert code == 1 and "condition on 'amount': 'lots' is not a decimal128(10, 2) value" in err
 
 
 def test_delete_counts_first_with_dry_run_then_deletes_the_matching_records(local_table, capsys):

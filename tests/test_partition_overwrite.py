@@ -435,6 +435,10 @@ def test_partition_values_of_every_kind_are_matched_by_their_values(tmp_path):
     (lambda t: t.write(pa.table({"day": [1.5]}), operation="delete_partition"), "has type double in the data"),
     (lambda t: t.write(pa.table({"day": ["d1"]}), operation="delete_partition", mode="overwrite"),
      "cannot be combined with overwrite mode"),
+    (lambda t: t.write(pa.table({"day": ["__HIVE_DEFAULT_PARTITION__"]}), operation="delete_partition"),
+     "equal to '__HIVE_DEFAULT_PARTITION__', the folder name of null values"),
+    (lambda t: t.partitions(pa.compute.field("id") > 1),
+     r"cannot be applied to the partition columns \['day'\] alone .*: No match for FieldRef.Name\(id\)"),
 ])
 def test_bad_partition_deletions_are_refused_and_nothing_is_written(tmp_path, call, problem):
     table = new_table(str(tmp_path / "t"))
@@ -446,11 +450,20 @@ def test_bad_partition_deletions_are_refused_and_nothing_is_written(tmp_path, ca
     assert table.describe()["format_version"] == 1
 
 
+def test_a_deletion_of_no_rows_writes_nothing(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(6), 1, "a"))
+    timeline = table.timeline()
+    assert table.write(SCHEMA.empty_table().select(["day"]), operation="delete_partition") is None
+    assert table.timeline() == timeline and table.describe()["format_version"] == 1
+
+
 def test_an_unpartitioned_table_has_no_partitions_to_delete(tmp_path):
     table = new_table(str(tmp_path / "t"), partition_by=None)
     table.write(batch(range(3), 1, "a"))
     assert table.partitions() == []
     for call in (lambda: table.delete_partitions([("day", "=", "d1")]),
+                 lambda: table.partitions([("day", "=", "d1")]),
                  lambda: table.write(pa.table({"day": ["d1"]}), operation="delete_partition")):
         with pytest.raises(nbcc.NbccError, match="no partition columns.*overwrite it with no rows"):
             call()

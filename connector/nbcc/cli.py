@@ -47,17 +47,15 @@ import argparse
 import json
 import math
 import os
-import re
 import sys
 from typing import Any, Sequence
-
-import pyarrow as pa
 
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
 from .errors import InvalidOptionError, NbccError
+from .expr import parse_condition, typed_condition
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
@@ -353,46 +351,16 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def _where(text: str) -> tuple[Any, ...]:
-    """`COL OP VALUE`, `COL in V1,V2`, `COL is [not] null`: a filter tuple, its values text."""
-    m = re.fullmatch(r"\s*(\S+?)\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
-    if m:
-        return (m[1], "is_not_null" if m[2] else "is_null")
-    m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s+(.+?)\s*", text, re.IGNORECASE)
-    if m:
-        return (m[1], "not_in" if m[2].lower() != "in" else "in", [v.strip() for v in m[3].split(",")])
-    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|==|=|<|>)\s*(.+?)\s*", text)
-    if m:
-        return (m[1], m[2], m[3])
-    raise argparse.ArgumentTypeError(
-        f"{text!r}: give COLUMN OP VALUE (OP one of = != < <= > >=), COLUMN in V1,V2 or COLUMN is [not] null, "
-        "e.g. --where 'day < 2026-09-01'")
-
-
-def _typed(item: tuple[Any, ...], types: dict[str, Any]) -> tuple[Any, ...]:
-    """A `--where` tuple with its text values in its column's Python type (integers, booleans;
-    dates and strings stay text)."""
-    if len(item) < 3 or item[0] not in types:
-        return item
-    t = types[item[0]]
-
-    def value(text: str) -> Any:
-        if pa.types.is_integer(t):
-            try:
-                return int(text)
-            except ValueError:
-                raise InvalidOptionError(f"--where {item[0]}: {text!r} is not an integer") from None
-        if pa.types.is_boolean(t):
-            if text.lower() not in ("true", "false"):
-                raise InvalidOptionError(f"--where {item[0]}: {text!r} is not true or false")
-            return text.lower() == "true"
-        return text
-    return (item[0], item[1], [value(v) for v in item[2]] if isinstance(item[2], list) else value(item[2]))
+    try:
+        return parse_condition(text)
+    except InvalidOptionError as exc:  # bad usage: exits 2 with the usage line
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
     table = _open(args)
-    types = {f.name: f.type for f in table.schema()}
-    where = [_typed(item, types) for item in args.where]
+    schema = table.schema()
+    where = [typed_condition(item, schema) for item in args.where]
     if args.dry_run:
         plan = table.plan(filter=where)
         matched = sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
@@ -410,8 +378,8 @@ def cmd_delete(args: argparse.Namespace) -> int:
 
 def cmd_delete_partitions(args: argparse.Namespace) -> int:
     table = _open(args)
-    types = {f.name: f.type for f in table.schema()}
-    where = [_typed(item, types) for item in args.where]
+    schema = table.schema()
+    where = [typed_condition(item, schema) for item in args.where]
     if args.dry_run:
         matched = table.partitions(where)
         print(f"would delete {_n(len(matched), 'partition')}" + "".join(f"\n  {p}" for p in matched))

@@ -15,13 +15,21 @@ The Python API's form: a list of tuples, all of which must hold (AND), like pyar
     [("id", "=", 5), ("day", "in", ["2026-11-20", "2026-11-21"]), ("name", "starts_with", "a"),
      ("price", "is_not_null")]
 Operators: = == != < <= > >= in not_in is_null is_not_null starts_with ends_with contains.
+The list may also hold pyarrow compute expressions, applied exactly after merging.
+
+The command line's form (`parse_condition`, `typed_condition`): `COL OP VALUE`, `COL in V1,V2`,
+`COL not in V1,V2`, `COL is [not] null`, values as text (quotes optional), converted to the
+column's type.
 """
 
 from __future__ import annotations
 
 import bisect
+import csv
 import datetime as dt
 import functools
+import operator
+import re
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -213,11 +221,13 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
         return (), spec
     if isinstance(spec, tuple) and spec and isinstance(spec[0], str):
         spec = [spec]
-    if not isinstance(spec, list) or not all(isinstance(t, tuple) for t in spec):
+    if not isinstance(spec, list) or not all(isinstance(t, (tuple, pc.Expression)) for t in spec):
         raise InvalidOptionError(
             "filter must be a pyarrow compute expression or a list of (column, op, value) tuples, "
             f"e.g. [('id', '=', 5), ('day', 'in', ['2026-11-21'])]; ops: {', '.join(OPERATORS)}"
         )
+    expressions = [t for t in spec if isinstance(t, pc.Expression)]
+    spec = [t for t in spec if isinstance(t, tuple)]
     preds = []
     for item in spec:
         if len(item) not in (2, 3):
@@ -237,7 +247,7 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
             )
         op, value = _within_range(field.type, op, value)
         preds.append(Predicate(column, op, check_value(column, field, op, value), type=field.type))
-    return tuple(preds), None
+    return tuple(preds), functools.reduce(operator.and_, expressions) if expressions else None
 
 
 def _within_range(t: pa.DataType, op: str, value: Any) -> tuple[str, Any]:
@@ -266,3 +276,69 @@ def conjunction(preds: Sequence[Predicate], extra: pc.Expression | None = None) 
     for p in preds:
         expr = p.to_arrow() if expr is None else expr & p.to_arrow()
     return expr
+
+
+# -- the command line's form ---------------------------------------------------------------------
+
+_CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != < <= > >=), COLUMN in V1,V2, COLUMN not in V1,V2 "
+                    "or COLUMN is [not] null")
+
+
+def _unquoted(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def parse_condition(text: str) -> tuple[Any, ...]:
+    """A condition as the command line takes it (`day < 2026-09-01`, `region in 'eu west',us`,
+    `day is null`): a filter tuple whose values are still text."""
+    m = re.fullmatch(r"\s*(\S+?)\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
+    if m:
+        return (m[1], "is_not_null" if m[2] else "is_null")
+    m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s+(.+?)\s*", text, re.IGNORECASE)
+    if m:
+        quote = "'" if m[3].lstrip().startswith("'") else '"'
+        values = next(csv.reader([m[3]], quotechar=quote, skipinitialspace=True))
+        return (m[1], "in" if m[2].lower() == "in" else "not_in", [v.strip() for v in values])
+    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|==|=|<|>)\s*(.+?)\s*", text)
+    if m:
+        return (m[1], _ALIASES.get(m[2], m[2]), _unquoted(m[3]))
+    raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
+
+
+def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...] | pc.Expression:
+    """`parse_condition`'s tuple with its text values in the column's type: a filter tuple for
+    the types the tuple form takes (integers, strings, dates, booleans), else a pyarrow
+    expression (timestamps, decimals, floats). A column not in `schema` is left for
+    `parse_filter` to report."""
+    if len(item) < 3 or item[0] not in schema.names:
+        return item
+    column, op, given = item
+    t = schema.field(column).type
+    texts = given if isinstance(given, list) else [given]
+    if pa.types.is_boolean(t) and any(v.lower() not in ("true", "false") for v in texts):
+        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not true or false")
+    if pa.types.is_integer(t) and not all(re.fullmatch(r"[+-]?\d+", v.strip()) for v in texts):
+        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not an integer")
+    if supported_type(t):
+        def value(v: str) -> Any:
+            return int(v) if pa.types.is_integer(t) else v.lower() == "true" if pa.types.is_boolean(t) else v
+        return (column, op, [value(v) for v in given] if isinstance(given, list) else value(given))
+    try:
+        try:
+            values = pc.cast(pa.array(texts, pa.string()), t)
+        except pa.ArrowInvalid:
+            if not (pa.types.is_timestamp(t) and t.tz):
+                raise
+            # A time without a zone is UTC, as the `as_of` option's.
+            values = pc.cast(pc.cast(pa.array(texts, pa.string()), pa.timestamp(t.unit)), t)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not a {t} value ({exc})") from None
+    f = pc.field(column)
+    if op in ("in", "not_in"):
+        found = f.isin(values)
+        return found if op == "in" else ~found & f.is_valid()  # SQL: a null is not NOT IN
+    return {"=": f == values[0], "!=": f != values[0], "<": f < values[0], "<=": f <= values[0],
+            ">": f > values[0], ">=": f >= values[0]}[op]

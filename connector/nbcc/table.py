@@ -241,8 +241,9 @@ class Table:
 
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
               partition_overwrite_mode: str = STATIC, max_log_file_bytes: int | None = None,
-              compaction_delta_commits: int | None = None, compaction_inline: bool = False) -> str:
-        """Write `data` as one commit; returns its instant.
+              compaction_delta_commits: int | None = None, compaction_inline: bool = False) -> str | None:
+        """Write `data` as one commit; returns its instant (None: a partition deletion of no rows,
+        which writes nothing).
 
         `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key),
         "delete" (the rows' keys are deleted) or "delete_partition" (every row of the partitions
@@ -272,7 +273,7 @@ class Table:
             found: set[str] = set()
             for rows in coalesced(batches):  # every bad row is found before the instant begins
                 found |= partitions_named(rows, self.config, txn.schema)
-            return compact_if_due(self._commit_deletion(txn, found))
+            return compact_if_due(self._commit_deletion(txn, found)) if found else None
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
         def check_all(table_schema: pa.Schema) -> None:
@@ -327,6 +328,8 @@ class Table:
         with `filter` (as `read`'s, on partition columns only), those whose values match it. An
         unpartitioned table has none."""
         if not self.config.partition_by:
+            if filter is not None:
+                self._check_partitioned()
             return []
         view = self._view(None)
         paths = sorted({partition for partition, _ in slices_by_group(self.storage, view)})
@@ -345,8 +348,9 @@ class Table:
         try:
             matched = values.append_column("_path", pa.array(paths, pa.string())).filter(conjunction(preds, extra))
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            raise InvalidOptionError(f"the filter cannot be applied to the partition columns "
-                                     f"{list(self.config.partition_by)} alone: {exc}") from None
+            raise InvalidOptionError(
+                f"the filter cannot be applied to the partition columns {list(self.config.partition_by)} alone "
+                f"(whole partitions are matched by their partition values): {str(exc).splitlines()[0]}") from None
         return matched.column("_path").to_pylist()
 
     def delete_partitions(self, filter: Any) -> str | None:

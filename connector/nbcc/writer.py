@@ -246,7 +246,9 @@ def partitions_named(batch: pa.RecordBatch | pa.Table, config: TableConfig, tabl
     table's types (SchemaError if they do not fit); the rows' other columns are ignored."""
     columns = pa.schema([table_schema.field(c) for c in config.partition_by])
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    return distinct_partitions(conform(table.select(columns.names), columns), config.partition_by)
+    rows = conform(table.select(columns.names), columns)
+    check_partition_values(rows, config.partition_by)  # as an upsert's: no string may name the null folder
+    return distinct_partitions(rows, config.partition_by)
 
 
 def _prepared_schema(table_schema: pa.Schema) -> pa.Schema:
