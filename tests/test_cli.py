@@ -79,14 +79,14 @@ def test_console_script_prints_the_timeline(local_table):
     table, written = make_table(uri)
     proc = subprocess.run([str(NBCC), "timeline", uri], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].split() == ["INSTANT", "ACTION", "STATE", "COMPLETION"]
+    assert proc.stdout.splitlines()[0].split() == ["INSTANT", "ACTION", "OPERATION", "STATE", "COMPLETION"]
     rows = rows_of(proc.stdout)
     assert [r[0] for r in rows] == written  # oldest first
-    assert all(r[1:3] == ["deltacommit", "completed"] for r in rows)
-    assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
+    assert all(r[1:4] == ["deltacommit", "upsert", "completed"] for r in rows)
+    assert rows == [[i.instant, i.action, "upsert", i.state, i.completion or "-"] for i in table.timeline()]
     # aligned: every column starts at the same offset on every line
     header, *lines = proc.stdout.splitlines()
-    for column, title in enumerate(["ACTION", "STATE", "COMPLETION"], 1):
+    for column, title in enumerate(["ACTION", "OPERATION", "STATE", "COMPLETION"], 1):
         start = header.index(title)
         for line, row in zip(lines, rows):
             assert line[start - 1] == " " and line[start:].split()[0] == row[column], (title, line)
@@ -107,6 +107,12 @@ def test_console_script_error_exits_1_with_a_message_and_no_traceback(tmp_path):
 def test_timeline_json_and_pending_instants(local_table, capsys):
     uri, _ = local_table
     table, written = make_table(uri)
+    # What each completed instant did, including the two kinds of replacepartitions.
+    table.write(batch([0], 5), operation="delete")
+    table.write(batch([0], 6), mode="overwrite", partition_overwrite_mode="dynamic")
+    table.delete_partitions([("p", "=", "b")])
+    table.compact()
+    written = [i.instant for i in table.timeline()]
     txn = table.begin_write(SCHEMA)  # left inflight
     code, out, _ = run(capsys, "timeline", uri, "--json")
     assert code == 0
@@ -115,8 +121,11 @@ def test_timeline_json_and_pending_instants(local_table, capsys):
     assert listed[-1]["state"] == "inflight" and listed[-1]["completion"] is None
     assert [(d["instant"], d["action"], d["state"], d["completion"]) for d in listed] == [
         (i.instant, i.action, i.state, i.completion) for i in table.timeline()]
+    assert [(d["action"], d["operation"]) for d in listed] == [("deltacommit", "upsert")] * 3 + [
+        ("deltacommit", "delete"), ("replacepartitions", "overwrite"), ("replacepartitions", "delete_partition"),
+        ("commit", "compact"), ("deltacommit", None)]
     code, out, _ = run(capsys, "timeline", uri)
-    assert rows_of(out)[-1] == [txn.instant, "deltacommit", "inflight", "-"]
+    assert rows_of(out)[-1] == [txn.instant, "deltacommit", "-", "inflight", "-"]
 
 
 def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what_a_read_opens(local_table, capsys):
@@ -648,7 +657,7 @@ def test_readme_documents_every_command_and_option():
     exits = exits[:exits.index(". ")]
     assert re.findall(r"(?<!\d)(\d+) (?:when|on)\b", exits) == ["0", "1", "2", "130"], exits
     # the columns in the order `nbcc timeline` prints them
-    assert "INSTANT, ACTION, STATE, COMPLETION" in section
+    assert "INSTANT, ACTION, OPERATION, STATE, COMPLETION" in section
 
 
 def test_the_installed_package_has_the_version_nbcc_prints(capsys):
@@ -669,7 +678,7 @@ def test_timeline_on_s3_with_storage_options(s3_table, capsys):
     assert code == 0, err
     rows = rows_of(out)
     assert [r[0] for r in rows] == written
-    assert rows == [[i.instant, i.action, i.state, i.completion or "-"] for i in table.timeline()]
+    assert rows == [[i.instant, i.action, "upsert", i.state, i.completion or "-"] for i in table.timeline()]
 
 
 def test_a_storage_option_of_the_wrong_name_or_form_is_bad_usage_not_a_traceback(capsys):

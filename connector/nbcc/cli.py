@@ -5,7 +5,8 @@ Usage:
 
     nbcc describe URI [--json]              settings, columns, instants counted, how far back reads
                                             may go, what a snapshot read opens, metadata table
-    nbcc timeline URI [--json]              every instant: instant, action, state, completion time
+    nbcc timeline URI [--json]              every instant: instant, action, operation, state,
+                                            completion time
     nbcc slices URI [--as-of T] [--json]    the file slices: per partition and file group, base
                                             instant, base file and log files (in log order)
     nbcc compact URI [--quiet]              finish pending compactions a crashed run left, then
@@ -62,7 +63,15 @@ from .rollback import failed_writes
 from .storage_options import check_storage_options
 from .scan import read_task
 from .table import Table
-from .timeline import COMPACTION, DATA_ACTIONS, HISTORY_DIR, ROLLEDBACK, Timeline, read_commit_metadata
+from .timeline import (
+    COMPACTION,
+    DATA_ACTIONS,
+    HISTORY_DIR,
+    ROLLEDBACK,
+    Timeline,
+    read_commit_metadata,
+    read_commit_metadatas,
+)
 
 PROG = "nbcc"
 
@@ -190,13 +199,21 @@ def cmd_describe(args: argparse.Namespace) -> int:
 
 
 def cmd_timeline(args: argparse.Namespace) -> int:
-    instants = _open(args).timeline()
+    table = _open(args)
+    timeline = Timeline.load(table.storage)
+    # What each completed instant did (an overwrite and a partition deletion are both
+    # replacepartitions): from its commit metadata, cached, 10 at a time on S3; the archived
+    # ones' from the history already read. Pending instants have none.
+    metas = read_commit_metadatas(table.storage, timeline.completed())
+    operation = {instant: meta.get("operation") for instant, meta in metas.items()}
+    instants = timeline.instants
     if args.json:
-        _print_json([{"instant": i.instant, "action": i.action, "state": i.state, "completion": i.completion,
-                      "archived": i.archived} for i in instants])
+        _print_json([{"instant": i.instant, "action": i.action, "operation": operation.get(i.instant),
+                      "state": i.state, "completion": i.completion, "archived": i.archived} for i in instants])
         return 0
-    _print_table(["INSTANT", "ACTION", "STATE", "COMPLETION"],
-                 [[i.instant, i.action, i.state, i.completion or "-"] for i in instants])
+    _print_table(["INSTANT", "ACTION", "OPERATION", "STATE", "COMPLETION"],
+                 [[i.instant, i.action, operation.get(i.instant) or "-", i.state, i.completion or "-"]
+                  for i in instants])
     return 0
 
 
@@ -520,7 +537,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("timeline", parents=[common], help="list the instants, oldest first",
                        description="List every instant (archived ones too), oldest first: instant, action, "
-                                   "state and completion time ('-' if not completed).")
+                                   "operation (upsert, delete, overwrite, delete_partition, compact, ...; '-' "
+                                   "if not completed), state and completion time ('-' if not completed).")
     p.add_argument("--json", action="store_true", help="print a JSON list instead")
     p.set_defaults(func=cmd_timeline)
 

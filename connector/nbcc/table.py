@@ -516,7 +516,7 @@ class Table:
         WHERE) with one delete commit of their keys; returns its instant, or None if no record
         matches (nothing is written). The records are those of the snapshot this call reads:
         one that a concurrent write makes match afterwards is kept. Deletes carry no ordering
-        value, so they win over every version written before them (§ Merge modes). Reads one
+        value, so they win over every version written before them (README: merge modes). Reads one
         file group at a time; memory holds one file group's matching keys."""
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete needs a filter, e.g. [('status', '=', 'test')]; to delete every row, "
