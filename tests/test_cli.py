@@ -23,6 +23,7 @@ import pytest
 
 import nbcc
 from nbcc.cli import build_parser, main
+from nbcc.timeline import read_commit_metadata
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.int64())])
@@ -520,6 +521,9 @@ def test_restore_undoes_later_writes_with_one_overwrite_and_keeps_them_readable(
     assert code == 0 and err == "", err
     restore = table.timeline()[-1]
     assert restore.action == "replacecommit" and restore.instant in out and "8 rows" in out
+    meta = read_commit_metadata(table.storage, restore)
+    assert (meta["operation"], meta["restored_as_of"]) == ("restore", good)
+    assert rows_of(run(capsys, "timeline", uri)[1])[-1][1:3] == ["replacecommit", "restore"]
     assert snapshot(table) == [{**r, "note": None} for r in expected]  # the added column stays, null
     assert sorted(table.read(as_of=last_bad).to_pylist(), key=lambda r: r["id"]) == bad  # kept
     # Later writes merge with the restored rows.

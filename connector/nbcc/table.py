@@ -254,6 +254,13 @@ class Table:
         bad part-way, or a write failing for any other reason, is rolled back at once.
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
         the last one (and runs it here too with `compaction_inline=True`)."""
+        return self._write(data, operation, mode, partition_overwrite_mode, max_log_file_bytes,
+                           compaction_delta_commits, compaction_inline)
+
+    def _write(self, data: Data, operation: str, mode: str, partition_overwrite_mode: str,
+               max_log_file_bytes: int | None, compaction_delta_commits: int | None, compaction_inline: bool,
+               commit_extra: dict[str, Any] | None = None) -> str | None:
+        """`write`; `commit_extra`: fields added to (or replacing) its commit metadata's."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
         # Checked as the Spark options are: `operation` in any letter case, among the others.
@@ -297,7 +304,7 @@ class Table:
                 except BaseException:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)
                     raise
-                txn.commit(files)
+                txn.commit(files, commit_extra)
         except BaseException as failure:
             # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
             # once its heartbeat expires (a commit that completed is never rolled back). Not when
@@ -509,7 +516,10 @@ class Table:
                 "the last good commit (`nbcc timeline`'s COMPLETION column), or a time before the first bad "
                 "one completed")
         batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).to_batches())
-        return self.write(pa.RecordBatchReader.from_batches(plan.output_schema, batches), mode="overwrite")
+        # An overwrite to readers; the timeline shows what it restored (Delta's history: RESTORE).
+        return self._write(pa.RecordBatchReader.from_batches(plan.output_schema, batches), UPSERT, "overwrite",
+                           STATIC, None, None, False,
+                           commit_extra={"operation": "restore", "restored_as_of": plan.options.as_of})
 
     def delete(self, filter: Any) -> str | None:
         """Delete the records that match `filter` (as `read`'s: on any columns; SQL's DELETE ...
