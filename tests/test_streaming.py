@@ -4,6 +4,7 @@ crashes and concurrent queries) and the nbcc source (offsets are completion time
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import json
 import os
 import random
@@ -827,6 +828,23 @@ def test_source_begin_earliest_a_time_or_latest(spark, tmp_path):
         assert [ids for _, ids in batches if ids] == [list(range(15, 20))]
     finally:
         query.stop()
+
+
+def test_source_begin_in_the_future_is_refused_as_a_local_time_given_without_its_zone(tmp_path):
+    # A local time of a zone east of UTC, given without its zone, reads as a UTC time hours ahead:
+    # the stream would skip every commit until then.
+    from pyspark_nbcc.source import _spark_schema
+    from pyspark_nbcc.streaming import stream_reader
+
+    uri = str(tmp_path / "t")
+    _table_with_commits(uri, range(0, 5))
+    ahead = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=2)).replace(tzinfo=None).isoformat()
+    with pytest.raises(nbcc.InvalidOptionError, match=r"begin='.*' \(\d{17}\) is in the future: it is UTC \d{17} "
+                                                      r"now.*give the zone of a local time"):
+        stream_reader({"path": uri, "begin": ahead}, _spark_schema(ARROW_SCHEMA)).initialOffset()
+    # A minute ahead is a clock's skew, not a mistake.
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=1)).isoformat()
+    assert stream_reader({"path": uri, "begin": soon}, _spark_schema(ARROW_SCHEMA)).initialOffset()["completion"]
 
 
 def test_source_admission_control_and_restart_without_gaps_or_repeats(spark, tmp_path):

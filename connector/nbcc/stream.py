@@ -37,12 +37,13 @@ import logging
 import os
 import re
 import socket
+import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
-from .clock import parse_time_option
+from .clock import format_time, parse_time_option
 from .commit import WriteTransaction
 from .errors import CommitError, InvalidOptionError, LockLostError, StorageError
 from .heartbeat import beat, remove as remove_heartbeat
@@ -364,7 +365,22 @@ def initial_offset(storage: Storage, begin: str | None) -> str:
         return BEFORE_ALL
     if text.lower() == LATEST:
         return latest_data_completion(storage)
-    return parse_time_option(text, "begin")
+    begin = parse_time_option(text, "begin")
+    # Later than every completion and than this machine's clock (give or take its skew): most
+    # likely a local time given without its zone, and the stream would skip every commit that
+    # completes before it.
+    latest = Timeline.load(storage).latest_completion() or BEFORE_ALL
+    now = format_time(time.time_ns() // 1_000_000 + _FUTURE_SKEW_MS)
+    if begin > max(latest, now):
+        raise InvalidOptionError(
+            f"begin={text!r} ({begin}) is in the future: it is UTC {format_time(time.time_ns() // 1_000_000)} now, "
+            f"and the stream would skip every commit that completes before then. A time without a zone is "
+            "UTC: give the zone of a local time (2026-11-21T10:30:00+01:00), or begin=latest for the commits "
+            "that complete from now on")
+    return begin
+
+
+_FUTURE_SKEW_MS = 5 * 60 * 1000  # how far ahead of this machine's clock a begin may be
 
 
 def latest_data_completion(storage: Storage) -> str:
