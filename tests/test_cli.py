@@ -569,6 +569,18 @@ def test_delete_partitions_takes_every_partition_type_and_quoted_values(local_ta
     assert deleted("amount is null") == [4]
     code, out, err = run(capsys, "delete-partitions", uri, "--where", "amount = lots")
     assert code == 1 and "condition on 'amount': 'lots' is not a decimal128(10, 2) value" in err
+    code, out, err = run(capsys, "delete-partitions", uri, "--where", "region = ")
+    assert code == 2 and "give COLUMN OP VALUE" in err  # an empty value is a mistake, not ''
+
+
+def test_a_time_with_a_zone_matches_a_timestamp_column_without_one_at_its_utc_wall_time(local_table, capsys):
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("at", pa.timestamp("us"))])
+    table = nbcc.Table.create(uri, schema, "id", buckets=1)
+    table.write(pa.table({"id": [0, 1], "at": [dt.datetime(2026, 1, 1, 3), dt.datetime(2026, 1, 1, 5)]}, schema=schema))
+    for condition in ("at = 2026-01-01T03:00:00Z", "at = 2026-01-01T04:00:00+01:00", "at = 2026-01-01 03:00:00"):
+        code, out, err = run(capsys, "delete", uri, "--where", condition, "--dry-run")
+        assert (code, out.strip()) == (0, "would delete 1 record"), (condition, err)
 
 
 def test_delete_counts_first_with_dry_run_then_deletes_the_matching_records(local_table, capsys):

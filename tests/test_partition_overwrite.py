@@ -423,6 +423,11 @@ def test_partition_values_of_every_kind_are_matched_by_their_values(tmp_path):
     import pyarrow.compute as pc  # a pyarrow expression reaches column types the tuple form does not
     table.delete_partitions(pc.field("at") < pa.scalar(at[1], pa.timestamp("us", tz="UTC")))
     assert ids() == [3]
+    # Tuples and expressions in one list: both must hold.
+    table.write(pa.table({"id": [5], "region": ["eu west"], "day": [dt.date(2026, 1, 5)], "flag": [None],
+                          "at": pa.array([at[3]], pa.timestamp("us", tz="UTC"))}, schema=schema))
+    assert table.partitions([("region", "=", "eu west"), pc.field("day") > pa.scalar(dt.date(2026, 1, 4))]) == \
+        ["region=eu%20west/day=2026-01-05/flag=__HIVE_DEFAULT_PARTITION__/at=2026-01-01%2003%3A00%3A00.000000Z"]
 
 
 @pytest.mark.parametrize("call, problem", [
@@ -436,7 +441,8 @@ def test_partition_values_of_every_kind_are_matched_by_their_values(tmp_path):
     (lambda t: t.write(pa.table({"day": ["d1"]}), operation="delete_partition", mode="overwrite"),
      "cannot be combined with overwrite mode"),
     (lambda t: t.write(pa.table({"day": ["__HIVE_DEFAULT_PARTITION__"]}), operation="delete_partition"),
-     "equal to '__HIVE_DEFAULT_PARTITION__', the folder name of null values"),
+     "has the value '__HIVE_DEFAULT_PARTITION__', the folder name of null values; to delete the null "
+     "partition, give null"),
     (lambda t: t.partitions(pa.compute.field("id") > 1),
      r"cannot be applied to the partition columns \['day'\] alone .*: No match for FieldRef.Name\(id\)"),
 ])

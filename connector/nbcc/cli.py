@@ -367,6 +367,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return 0
 
 
+_CONDITION_HELP = ("'COL OP VALUE' (OP: = == != < <= > >=), 'COL in V1,V2', 'COL not in V1,V2' or 'COL is "
+                   "[not] null'; values in the column's type (dates 2026-11-20, timestamps 2026-11-20T10:00:00Z, "
+                   "UTC without a zone; true/false), quoted if they hold spaces or commas; as in SQL, a null "
+                   "matches only 'is null'")
+
+
 def _where(text: str) -> tuple[Any, ...]:
     try:
         return parse_condition(text)
@@ -603,8 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "while it runs are kept. The deleted versions stay readable with as_of until "
                                    "a compaction and a clean pass them.")
     p.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
-                   help="a condition: 'COL OP VALUE' (OP: = != < <= > >=; dates as 2026-11-20), 'COL in V1,V2' "
-                        "or 'COL is [not] null' (integer, string, date and boolean columns); repeat to require all")
+                   help=f"a condition: {_CONDITION_HELP}; repeat to require all")
     p.add_argument("--dry-run", action="store_true", help="only print how many records would be deleted")
     p.set_defaults(func=cmd_delete)
 
@@ -614,8 +619,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "to 3). Writes to those partitions that complete later are kept. The old "
                                    "files stay readable with as_of until a clean deletes them.")
     p.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
-                   help="a condition on a partition column: 'COL OP VALUE' (OP: = != < <= > >=; dates as "
-                        "2026-11-20), 'COL in V1,V2' or 'COL is null' (the null partition); repeat to require all")
+                   help=f"a condition on a partition column: {_CONDITION_HELP} ('COL is null': the null "
+                        "partition); repeat to require all")
     p.add_argument("--dry-run", action="store_true", help="only print the partitions that would be deleted")
     p.set_defaults(func=cmd_delete_partitions)
 

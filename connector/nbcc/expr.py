@@ -302,7 +302,7 @@ def parse_condition(text: str) -> tuple[Any, ...]:
         quote = "'" if m[3].lstrip().startswith("'") else '"'
         values = next(csv.reader([m[3]], quotechar=quote, skipinitialspace=True))
         return (m[1], "in" if m[2].lower() == "in" else "not_in", [v.strip() for v in values])
-    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|==|=|<|>)\s*(.+?)\s*", text)
+    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|==|=|<|>)\s*(\S.*?)\s*", text)
     if m:
         return (m[1], _ALIASES.get(m[2], m[2]), _unquoted(m[3]))
     raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
@@ -330,10 +330,12 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
         try:
             values = pc.cast(pa.array(texts, pa.string()), t)
         except pa.ArrowInvalid:
-            if not (pa.types.is_timestamp(t) and t.tz):
+            if not pa.types.is_timestamp(t):
                 raise
-            # A time without a zone is UTC, as the `as_of` option's.
-            values = pc.cast(pc.cast(pa.array(texts, pa.string()), pa.timestamp(t.unit)), t)
+            # A time without a zone is UTC, as the `as_of` option's; one with a zone, compared
+            # with a column without one (Spark's TIMESTAMP_NTZ), is taken at its UTC wall time.
+            other = pa.timestamp(t.unit) if t.tz else pa.timestamp(t.unit, "UTC")
+            values = pc.cast(pc.cast(pa.array(texts, pa.string()), other), t)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InvalidOptionError(f"condition on {column!r}: {given!r} is not a {t} value ({exc})") from None
     f = pc.field(column)

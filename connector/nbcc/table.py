@@ -348,8 +348,8 @@ class Table:
         if others:
             raise InvalidOptionError(
                 f"filter column(s) {others} are not partition columns ({list(self.config.partition_by)}): "
-                "whole partitions are matched by their partition values. To delete rows by key, write "
-                "them with operation='delete'")
+                "whole partitions are matched by their partition values. To delete the records that "
+                "match a condition on other columns, use Table.delete (`nbcc delete`)")
         if not preds and extra is None:
             return paths
         try:

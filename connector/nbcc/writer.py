@@ -21,7 +21,7 @@ from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
 from .errors import SchemaError
 from .expr import supported_type
 from .filenames import data_file_path, log_file_name
-from .partitions import check_partition_values, distinct_partitions, split_rows
+from .partitions import NULL_PARTITION, check_partition_values, distinct_partitions, split_rows
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
 
@@ -247,7 +247,12 @@ def partitions_named(batch: pa.RecordBatch | pa.Table, config: TableConfig, tabl
     columns = pa.schema([table_schema.field(c) for c in config.partition_by])
     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
     rows = conform(table.select(columns.names), columns)
-    check_partition_values(rows, config.partition_by)  # as an upsert's: no string may name the null folder
+    for name in config.partition_by:  # a string naming the null folder would delete the null partition
+        col = rows.column(name)
+        if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) \
+                and pc.any(pc.equal(col, NULL_PARTITION)).as_py():
+            raise SchemaError(f"partition column {name!r} has the value {NULL_PARTITION!r}, the folder name of "
+                              "null values; to delete the null partition, give null")
     return distinct_partitions(rows, config.partition_by)
 
 
