@@ -7,6 +7,9 @@ import pyarrow as pa
 import pytest
 
 import nbcc
+from nbcc.expr import parse_condition
+from nbcc.filenames import make_token
+from nbcc.writer import prepare
 
 SCHEMA = pa.schema([("id", pa.int64()), ("region", pa.string()), ("day", pa.string()), ("ts", pa.int64()),
                     ("status", pa.string())])
@@ -44,12 +47,47 @@ def test_delete_removes_the_matching_records_with_one_delete_commit(any_table):
         {(i, region, day, "delete") for i, region, day in matching}
 
 
-def test_a_delete_wins_over_a_greater_ordering_value_written_before_it(local_table):
+@pytest.mark.parametrize("merge_mode", ["event_time", "commit_time", "partial_update"])
+def test_every_merge_mode_and_the_metadata_table_give_the_same_deletes(tmp_path, merge_mode):
+    uri = str(tmp_path / "t")
+    table = nbcc.Table.create(uri, SCHEMA, ["id", "region"], ordering_field="ts", partition_by="day", buckets=2,
+                              merge_mode=merge_mode)
+    table.build_index()
+    rows = [{"id": i, "region": "eu", "day": f"d{i % 2}", "ts": 10, "status": "test" if i % 3 == 0 else "ok"}
+            for i in range(9)]
+    table.write(pa.Table.from_pylist(rows, schema=SCHEMA))
+    table.write(pa.Table.from_pylist([{"id": 1, "region": "eu", "day": "d1", "ts": 20, "status": "test"}],
+                                     schema=SCHEMA))  # now matches
+    table.delete([("status", "=", "test")])
+    expected = {(i, "eu", f"d{i % 2}") for i in range(9) if i % 3 != 0 and i != 1}
+    for use_mdt in (True, False):
+        assert records(table, use_metadata_table=use_mdt) == expected
+    table.compact()
+    assert records(table) == expected
+    # A key written again after the delete is back, with only what that write gave.
+    table.write(pa.Table.from_pylist([{"id": 0, "region": "eu", "day": "d0", "ts": 1, "status": None}], schema=SCHEMA))
+    assert [(r["id"], r["status"]) for r in table.read(filter=[("id", "=", 0)]).to_pylist()] == [(0, None)]
+
+
+def test_a_concurrent_write_is_ordered_against_the_delete_by_when_it_began(local_table):
+    # Both update a matched record to no longer match, with a greater ordering value; the one that
+    # began before the delete loses to it (the delete is the later write), the one after wins.
     table = table_with_rows(local_table)
-    table.write(pa.Table.from_pylist([{"id": 1, "region": "eu", "day": "d1", "ts": 10**9, "status": "gone"}],
-                                     schema=SCHEMA))
-    table.delete([("status", "=", "gone")])
-    assert (1, "eu", "d1") not in records(table)
+    early = table.begin_write(SCHEMA)
+    writer = table.log_writer(early, make_token(0, 0, 0))
+    update = [{"id": 0, "region": "eu", "day": "d0", "ts": 10**6, "status": "ok"}]
+    writer.write(prepare(pa.Table.from_pylist(update, schema=SCHEMA), table.config, early.schema, "upsert"))
+    matched_late = {(4, "eu", "d1")}  # status test; updated by a write that begins after the delete
+    instant = table.delete([("status", "=", "test")])
+    late_update = [{"id": 4, "region": "eu", "day": "d1", "ts": 10**6, "status": "ok"}]
+    late = table.begin_write(SCHEMA)
+    assert late.instant > instant
+    late_writer = table.log_writer(late, make_token(0, 0, 0))
+    late_writer.write(prepare(pa.Table.from_pylist(late_update, schema=SCHEMA), table.config, late.schema, "upsert"))
+    late.commit(late_writer.close())
+    early.commit(writer.close())
+    left = records(table)
+    assert (0, "eu", "d0") not in left and matched_late <= left
 
 
 def test_nothing_matching_writes_nothing_and_bad_filters_are_refused(local_table):
@@ -62,3 +100,28 @@ def test_nothing_matching_writes_nothing_and_bad_filters_are_refused(local_table
         with pytest.raises(nbcc.InvalidOptionError, match=problem):
             table.delete(bad)
     assert (records(table), table.timeline()) == (before, timeline)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("day < 2026-09-01", ("day", "<", "2026-09-01")),
+    ("s <> a", ("s", "!=", "a")),
+    ("s == a", ("s", "=", "a")),
+    ("s = =x", ("s", "=", "=x")),
+    ("s = 'salt and pepper'", ("s", "=", "salt and pepper")),
+    ("s = 'it''s'", ("s", "=", "it's")),
+    ("s = ' p '", ("s", "=", " p ")),
+    ("ts >= 2026-01-01 10:00:00", ("ts", ">=", "2026-01-01 10:00:00")),
+    ("status NOT IN ('test')", ("status", "not_in", ["test"])),
+    ("a in (1, 2)", ("a", "in", ["1", "2"])),
+    ("s not in x, 'a,b', \"c \"\"d\"\"\"", ("s", "not_in", ["x", "a,b", 'c "d"'])),
+    ("x is NOT null", ("x", "is_not_null")),
+])
+def test_command_line_conditions_are_read_as_sql_reads_them(text, expected):
+    assert parse_condition(text) == expected
+
+
+@pytest.mark.parametrize("text", ["s >= ", "s<=", "s = ", "s = a and b = 2", "s = 'a", "s = a,b", "s in ()",
+                                  "s in 'a' b", "day"])
+def test_command_line_conditions_that_would_mean_something_else_are_refused(text):
+    with pytest.raises(nbcc.InvalidOptionError):
+        parse_condition(text)

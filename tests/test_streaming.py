@@ -830,7 +830,7 @@ def test_source_begin_earliest_a_time_or_latest(spark, tmp_path):
         query.stop()
 
 
-def test_source_begin_in_the_future_is_refused_as_a_local_time_given_without_its_zone(tmp_path):
+def test_source_begin_in_the_future_is_refused_as_a_local_time_given_without_its_zone(tmp_path, monkeypatch):
     # A local time of a zone east of UTC, given without its zone, reads as a UTC time hours ahead:
     # the stream would skip every commit until then.
     from pyspark_nbcc.source import _spark_schema
@@ -843,8 +843,18 @@ def test_source_begin_in_the_future_is_refused_as_a_local_time_given_without_its
                                                       r"now.*give the zone of a local time"):
         stream_reader({"path": uri, "begin": ahead}, _spark_schema(ARROW_SCHEMA)).initialOffset()
     # A minute ahead is a clock's skew, not a mistake.
-    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=1)).isoformat()
-    assert stream_reader({"path": uri, "begin": soon}, _spark_schema(ARROW_SCHEMA)).initialOffset()["completion"]
+    soon = dt.datetime.now(dt.timezone.utc) + dt.timedelta(minutes=1)
+    offset = stream_reader({"path": uri, "begin": soon.isoformat()}, _spark_schema(ARROW_SCHEMA)).initialOffset()
+    assert offset == {"completion": soon.strftime("%Y%m%d%H%M%S") + f"{soon.microsecond // 1000:03d}"}
+    # So is a time before a commit that a writer whose clock runs ahead completed.
+    from nbcc import clock
+
+    real = clock._now_ms
+    monkeypatch.setattr(clock, "_now_ms", lambda: real() + 3 * 3600 * 1000)
+    nbcc.Table.open(uri).write(_rows(range(5, 6), "a"))
+    monkeypatch.undo()
+    assert stream_reader({"path": uri, "begin": ahead}, _spark_schema(ARROW_SCHEMA)).initialOffset()["completion"] > \
+        soon.strftime("%Y%m%d%H%M%S")
 
 
 def test_source_admission_control_and_restart_without_gaps_or_repeats(spark, tmp_path):

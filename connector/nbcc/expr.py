@@ -25,7 +25,6 @@ column's type.
 from __future__ import annotations
 
 import bisect
-import csv
 import datetime as dt
 import functools
 import operator
@@ -280,15 +279,37 @@ def conjunction(preds: Sequence[Predicate], extra: pc.Expression | None = None) 
 
 # -- the command line's form ---------------------------------------------------------------------
 
-_CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != < <= > >=), COLUMN in V1,V2, COLUMN not in V1,V2 "
+_CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != <> < <= > >=), COLUMN in V1,V2, COLUMN not in V1,V2 "
                     "or COLUMN is [not] null")
 
 
-def _unquoted(text: str) -> str:
+# One value of a list: quoted ('' or "" inside doubles the quote, as in SQL) or bare.
+_ITEM = re.compile(r"""\s*(?:'((?:[^']|'')*)'|"((?:[^"]|"")*)"|([^,'"]*?))\s*(,|$)""")
+
+
+def _values(text: str, single: bool = False) -> list[str]:
+    """The values of a condition's text: `V`, or a list `V1, 'V 2', (V3, V4)` (SQL's
+    parentheses optional); a bare value holding AND or OR is refused (one condition each)."""
     text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
+    if not single and text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    out: list[str] = []
+    pos = 0
+    while True:
+        m = _ITEM.match(text, pos)
+        bad = m is None or (single and m[4] == ",")
+        if not bad and m[3] is not None:
+            bad = m[3] == "" or re.search(r"\s(and|or)\s", f" {m[3]} ", re.IGNORECASE) is not None
+        if bad:
+            raise InvalidOptionError(
+                f"{text!r} is not {'a value' if single else 'a list of values V1,V2'}: quote a value that holds "
+                "commas, quotes or the word AND or OR ('a, b', 'it''s'), and give one condition each (repeat "
+                "--where)")
+        out.append(m[1].replace("''", "'") if m[1] is not None else m[2].replace('""', '"') if m[2] is not None
+                   else m[3])
+        pos = m.end()
+        if m[4] == "":
+            return out
 
 
 def parse_condition(text: str) -> tuple[Any, ...]:
@@ -297,14 +318,13 @@ def parse_condition(text: str) -> tuple[Any, ...]:
     m = re.fullmatch(r"\s*(\S+?)\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
     if m:
         return (m[1], "is_not_null" if m[2] else "is_null")
-    m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s+(.+?)\s*", text, re.IGNORECASE)
+    m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s*(\S.*?)\s*", text, re.IGNORECASE)
     if m:
-        quote = "'" if m[3].lstrip().startswith("'") else '"'
-        values = next(csv.reader([m[3]], quotechar=quote, skipinitialspace=True))
-        return (m[1], "in" if m[2].lower() == "in" else "not_in", [v.strip() for v in values])
-    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|==|=|<|>)\s*(\S.*?)\s*", text)
+        return (m[1], "in" if m[2].lower() == "in" else "not_in", _values(m[3]))
+    # An operator not followed by another operator character: `s >= ` is not `s > '='`.
+    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|<>|==|=|<|>)(?![<>=!])\s*(\S.*?)\s*", text)
     if m:
-        return (m[1], _ALIASES.get(m[2], m[2]), _unquoted(m[3]))
+        return (m[1], {"<>": "!="}.get(m[2], _ALIASES.get(m[2], m[2])), _values(m[3], single=True)[0])
     raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
 
 

@@ -254,13 +254,21 @@ class Table:
         bad part-way, or a write failing for any other reason, is rolled back at once.
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
         the last one (and runs it here too with `compaction_inline=True`)."""
-        return self._write(data, operation, mode, partition_overwrite_mode, max_log_file_bytes,
-                           compaction_delta_commits, compaction_inline)
+        schema, batches = _as_batches(data)
+        whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
+        return self._write(schema, batches, operation, mode, partition_overwrite_mode, max_log_file_bytes,
+                           compaction_delta_commits, compaction_inline,
+                           check_first=whole if isinstance(whole, pa.Table) else None)
 
-    def _write(self, data: Data, operation: str, mode: str, partition_overwrite_mode: str,
-               max_log_file_bytes: int | None, compaction_delta_commits: int | None, compaction_inline: bool,
+    def _write(self, schema: pa.Schema, pieces: Iterator[pa.RecordBatch | pa.Table], operation: str, mode: str,
+               partition_overwrite_mode: str, max_log_file_bytes: int | None, compaction_delta_commits: int | None,
+               compaction_inline: bool, check_first: pa.Table | None = None, by_file_group: bool = False,
                commit_extra: dict[str, Any] | None = None) -> str | None:
-        """`write`; `commit_extra`: fields added to (or replacing) its commit metadata's."""
+        """`write` of `pieces` (record batches of `schema`). `check_first`: the whole data, to
+        check before the instant begins. `by_file_group`: each piece is one file group's rows (a
+        restore's or a delete's, read one file group at a time), whose log file is closed before
+        the next, so that memory holds one file group's rows. `commit_extra`: fields added to
+        (or replacing) the commit metadata's."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
         # Checked as the Spark options are: `operation` in any letter case, among the others.
@@ -268,7 +276,6 @@ class Table:
                                   "compaction_inline": compaction_inline, "max_log_file_bytes": max_log_file_bytes,
                                   PARTITION_OVERWRITE_MODE: partition_overwrite_mode}, WRITE_OPTIONS, "write")
         operation = given.get("operation", UPSERT)
-        schema, batches = _as_batches(data)
 
         def compact_if_due(instant: str) -> str:
             maybe_compact(self.storage, self.config, self.clock, given.get("compaction_delta_commits"),
@@ -278,28 +285,29 @@ class Table:
         if operation == DELETE_PARTITION:
             txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite")
             found: set[str] = set()
-            for rows in coalesced(batches):  # every bad row is found before the instant begins
+            for rows in coalesced(pieces):  # every bad row is found before the instant begins
                 found |= partitions_named(rows, self.config, txn.schema)
             return compact_if_due(self._commit_deletion(txn, found)) if found else None
-        whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
 
         def check_all(table_schema: pa.Schema) -> None:
             # A bad table writes nothing at all: its rows are checked and converted before the
             # instant begins, and converted again as they are written, one chunk at a time (so
             # memory holds one converted chunk, not a converted copy of the table). Conversion
             # costs nothing for columns already of the table's types.
-            for rows in coalesced(whole.to_batches()):
+            for rows in coalesced(check_first.to_batches()):
                 check_rows(rows, self.config, table_schema, operation)
 
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
-                               check_first=check_all if isinstance(whole, pa.Table) else None,
+                               check_first=check_all if check_first is not None else None,
                                partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC))
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):
                 try:
-                    for rows in coalesced(batches):
+                    for rows in (pieces if by_file_group else coalesced(pieces)):
                         writer.write(prepare(rows, self.config, txn.schema, operation))
+                        if by_file_group:
+                            writer.close_open_files()
                     files = writer.close()
                 except BaseException:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)
@@ -515,10 +523,10 @@ class Table:
                 f"{latest}), so a restore would change nothing. Give the completion time of "
                 "the last good commit (`nbcc timeline`'s COMPLETION column), or a time before the first bad "
                 "one completed")
-        batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).to_batches())
+        groups = (read_task(self.storage, plan, task) for task in plan.tasks)
         # An overwrite to readers; the timeline shows what it restored (Delta's history: RESTORE).
-        return self._write(pa.RecordBatchReader.from_batches(plan.output_schema, batches), UPSERT, "overwrite",
-                           STATIC, None, None, False,
+        return self._write(plan.output_schema, groups, UPSERT, "overwrite", STATIC, None, None, False,
+                           by_file_group=True,
                            commit_extra={"operation": "restore", "restored_as_of": plan.options.as_of})
 
     def delete(self, filter: Any) -> str | None:
@@ -526,19 +534,22 @@ class Table:
         WHERE) with one delete commit of their keys; returns its instant, or None if no record
         matches (nothing is written). The records are those of the snapshot this call reads:
         one that a concurrent write makes match afterwards is kept. Deletes carry no ordering
-        value, so they win over every version written before them (README: merge modes). Reads one
-        file group at a time; memory holds one file group's matching keys."""
+        value, so they win over every version written before them (README: merge modes),
+        including that of a concurrent write that began before this delete and completes after
+        it, whether or not it still matches. Reads one file group at a time; memory holds one
+        file group's matching keys."""
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete needs a filter, e.g. [('status', '=', 'test')]; to delete every row, "
                                      "overwrite the table with no rows")
         plan = self.plan(filter=filter)
         keys = list(dict.fromkeys(self.config.record_key + self.config.partition_by))
-        batches = (b for task in plan.tasks for b in read_task(self.storage, plan, task).select(keys).to_batches()
-                   if b.num_rows)
-        first = next(batches, None)
+        groups = (rows for rows in (read_task(self.storage, plan, task).select(keys) for task in plan.tasks)
+                  if rows.num_rows)
+        first = next(groups, None)
         if first is None:
             return None
-        return self.write(itertools.chain([first], batches), operation=DELETE)
+        return self._write(first.schema, itertools.chain([first], groups), DELETE, "append", STATIC, None, None,
+                           False, by_file_group=True)
 
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""

@@ -407,6 +407,21 @@ class LogWriter:
         self.storage.make_durable(self._unsynced)
         self._unsynced = []
 
+    def close_open_files(self) -> None:
+        """Flush and close the files open now, for a caller that writes one file group at a
+        time (memory then holds one file group's rows); a later row of such a file group goes
+        to its next version."""
+        try:
+            for log in self._open.values():
+                self._flush(log)
+                if log.writer is not None:
+                    self._close_file(log)
+                    log.version += 1
+            self._make_durable()  # as at a rollover: a file closed for long is synced at once
+        except BaseException:
+            self.abort()
+            raise
+
     def close(self) -> list[dict[str, Any]]:
         """Flush and close every file; returns what was written (for the commit metadata)."""
         try:
