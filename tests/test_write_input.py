@@ -45,7 +45,7 @@ def test_a_first_spark_write_with_options_that_cannot_go_together_creates_no_tab
     df = spark.sql("select 1L id, 1L ts")
     with pytest.raises(Exception, match="operation=delete cannot be combined with overwrite mode"):
         df.write.format("nbcc").option("record_key", "id").option("operation", "delete").mode("overwrite").save(str(uri))
-    with pytest.raises(Exception, match="option 'operation' must be one of upsert, delete; got 'merge'"):
+    with pytest.raises(Exception, match="option 'operation' must be one of upsert, delete, delete_partition; got 'merge'"):
         df.write.format("nbcc").option("record_key", "id").option("operation", "merge").mode("append").save(str(uri))
     assert not Path(uri).exists() or not any(Path(uri).rglob("*"))
     with pytest.raises(InvalidOptionError, match="operation=delete cannot be combined"):
