@@ -23,6 +23,8 @@ the list of valid options (spark_conf/nbcc-defaults.conf documents each, with it
                                           commits (and run it in this job too if inline is true)
     partitionOverwriteMode                with mode overwrite: static (default, the whole table)
                                           | dynamic (only the partitions the input has rows in)
+    replaceWhere                          with mode overwrite: replace the partitions matching
+                                          this condition on partition columns (Delta's)
     storage.*                             S3 options, e.g. storage.endpoint_url
 """
 

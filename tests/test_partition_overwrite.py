@@ -269,6 +269,14 @@ def test_every_read_matches_the_model_through_random_partition_overwrites(tmp_pa
                 continue
             now = {k: r for k, r in now.items() if r["day"] not in days}
             chosen, data = [], batch([], step, "x")
+        elif roll < 0.6:  # replaceWhere: the matching days, with rows in some of them or none
+            days = set(rng.sample(DAYS, rng.randint(1, 2)))
+            where = rng.choice([f"day IN ({', '.join(repr(d) for d in sorted(days))})",
+                                [("day", "in", sorted(days))]])
+            chosen = [k for k in chosen if day_of(k) in days][:rng.randint(0, 3)]
+            data = batch(chosen, step, f"w{step}")
+            table.write(data, mode="overwrite", replace_where=where)
+            now = {k: r for k, r in now.items() if r["day"] not in days}
         elif roll < 0.75:
             days = set(rng.sample(DAYS, rng.randint(1, 2)))
             chosen = [k for k in chosen if day_of(k) in days] or [k for k in keys if day_of(k) in days][:2]
@@ -474,3 +482,73 @@ def test_an_unpartitioned_table_has_no_partitions_to_delete(tmp_path):
         with pytest.raises(nbcc.NbccError, match="no partition columns.*overwrite it with no rows"):
             call()
     assert sorted(rows_of(table.read())) == [0, 1, 2] and len(table.timeline()) == 1
+
+
+# -- replaceWhere ----------------------------------------------------------------------------------
+
+def test_replace_where_replaces_the_matching_partitions_rows_or_not(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("day", pa.date32()), ("v", pa.string())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", partition_by="day", buckets=2)
+    days = [dt.date(2026, 11, d) for d in range(1, 8)] + [None]
+    table.write(pa.table({"id": list(range(8)), "day": days, "v": ["a"] * 8}, schema=schema))
+    written = last_completed(table).completion
+
+    def state() -> dict[int, str]:
+        return {r["id"]: r["v"] for r in table.read().to_pylist()}
+
+    new = pa.table({"id": [100, 2], "day": [days[2], days[2]], "v": ["n", "n"]}, schema=schema)
+    table.write(new, mode="overwrite", replace_where="day BETWEEN DATE '2026-11-02' AND DATE '2026-11-04'")
+    assert state() == {0: "a", 2: "n", 100: "n", 4: "a", 5: "a", 6: "a", 7: "a"}  # 11-02 and 11-04 emptied
+    assert table.describe()["format_version"] == 3
+    meta = json.loads(sorted(Path(table.uri, ".nbcc", "timeline").glob("*_*.replacepartitions"))[-1].read_text())
+    assert meta["replaced_partitions"] == ["day=2026-11-02", "day=2026-11-03", "day=2026-11-04"]
+    assert table.read(as_of=written).num_rows == 8
+    # The null partition, IN lists, and the Python filter form.
+    table.write(pa.table({"id": [], "day": [], "v": []}, schema=schema), mode="overwrite",
+                replace_where="day IS NULL AND day IS NULL")
+    table.write(pa.table({"id": [6], "day": [days[6]], "v": ["m"]}, schema=schema), mode="overwrite",
+                replace_where=[("day", "in", ["2026-11-06", "2026-11-07"])])
+    assert state() == {0: "a", 2: "n", 100: "n", 4: "a", 6: "m"}
+
+
+@pytest.mark.parametrize("where, problem", [
+    ("day = 'd1'", r"1 row\(s\) do not match replaceWhere \"day = 'd1'\" \(one has day=d2\)"),
+    ("day = 'd1' OR day = 'd2'", "OR is not supported"),
+    ("NOT day = 'd1'", "NOT is not supported here"),
+    ("ts > 3", r"filter column\(s\) \['ts'\] are not partition columns.*replaceWhere replaces whole partitions"),
+    ("", "replaceWhere is empty"),
+])
+def test_a_bad_replace_where_is_refused_and_nothing_is_written(tmp_path, where, problem):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(6), 1, "a"))
+    before, timeline = rows_of(table.read()), table.timeline()
+    with pytest.raises(nbcc.NbccError, match=problem):
+        table.write(batch([0, 1], 2, "n"), mode="overwrite", replace_where=where)  # days d1 and d2
+    assert (rows_of(table.read()), table.timeline()) == (before, timeline)
+    assert table.describe()["format_version"] == 1
+
+
+def test_a_stream_of_batches_with_a_row_outside_replace_where_is_rolled_back(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch(range(6), 1, "a"))
+    before = rows_of(table.read())
+    batches = [batch([0], 2, "n").to_batches()[0], batch([1], 2, "n").to_batches()[0]]  # d1, then d2
+    with pytest.raises(nbcc.NbccError, match="do not match replaceWhere"):
+        table.write(iter(batches), mode="overwrite", replace_where="day = 'd1'")
+    assert rows_of(table.read()) == before
+    assert table.timeline()[-1].state == "rolledback"
+
+
+def test_replace_where_goes_with_overwrite_and_a_partitioned_table_only(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    flat = new_table(str(tmp_path / "flat"), partition_by=None)
+    for call, problem in [
+        (lambda: table.write(batch([0], 1, "n"), replace_where="day = 'd1'"), "goes with mode overwrite"),
+        (lambda: table.write(batch([0], 1, "n"), mode="overwrite", partition_overwrite_mode="dynamic",
+                             replace_where="day = 'd1'"), "give either replaceWhere"),
+        (lambda: flat.write(batch([0], 1, "n"), mode="overwrite", replace_where="day = 'd1'"),
+         "no partition columns, so replaceWhere"),
+    ]:
+        with pytest.raises(nbcc.InvalidOptionError, match=problem):
+            call()
+    assert table.timeline() == [] and flat.timeline() == []

@@ -141,10 +141,9 @@ def test_dynamic_partition_overwrite_replaces_only_the_partitions_written(spark,
     with pytest.raises(Exception, match="'partitionOverwriteMode' must be one of static, dynamic; got 'partition'"):
         new.write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "partition").save(uri)
     assert len(nbcc.Table.open(uri).timeline()) == 2  # nothing written
-    # What users bring from Delta gets an answer, not only "unknown option".
-    with pytest.raises(Exception, match=r"replaceWhere \(Delta\) is not supported: mode\('overwrite'\) with "
-                                        "partitionOverwriteMode=dynamic"):
-        new.write.format("nbcc").mode("overwrite").option("replaceWhere", "day = 'd0'").save(uri)
+    with pytest.raises(Exception, match="give either replaceWhere .* or partitionOverwriteMode=dynamic"):
+        new.write.format("nbcc").mode("overwrite").option("replaceWhere", "day = 'd0'") \
+            .option("partitionOverwriteMode", "dynamic").save(uri)
     with pytest.raises(Exception, match=r"partitionoverwritemode: write option\(s\), for df.write \(in SQL, a "
                                         r"view's OPTIONS are read options too"):
         spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW nbcc_dpo USING nbcc OPTIONS (path '{uri}', "
@@ -152,6 +151,31 @@ def test_dynamic_partition_overwrite_replaces_only_the_partitions_written(spark,
     assert len(nbcc.Table.open(uri).timeline()) == 2  # nothing written
     new.filter("id = 1").write.format("nbcc").mode("overwrite").option("partitionOverwriteMode", "static").save(uri)
     assert [r.id for r in spark.read.format("nbcc").load(uri).collect()] == [1]
+
+
+def test_replace_where_replaces_the_matching_partitions_and_every_row_must_match(spark, local_table):
+    uri, _ = local_table
+    df = spark.createDataFrame([(i, f"a-{i}", f"d{i % 5}") for i in range(10)], "id long, v string, day string")
+    df.write.format("nbcc").mode("append").option("record_key", "id").option("partition_by", "day").save(uri)
+    # Delta's form: d1, d2 and d3 are replaced, d3 with no rows (emptied); d0 and d4 keep theirs.
+    new = spark.createDataFrame([(100, "n", "d1"), (101, "n", "d2")], "id long, v string, day string").repartition(2)
+    new.write.format("nbcc").mode("overwrite").option("replaceWhere", "day BETWEEN 'd1' AND 'd3'").save(uri)
+    assert sorted(r.id for r in spark.read.format("nbcc").load(uri).collect()) == [0, 4, 5, 9, 100, 101]
+    done = nbcc.Table.open(uri).timeline()[-1]
+    meta = read_commit_metadata(nbcc.Table.open(uri).storage, done)
+    assert (done.action, meta["operation"], meta["replaced_partitions"]) == \
+        ("replacepartitions", "overwrite", ["day=d1", "day=d2", "day=d3"])
+    # A row outside the condition fails the job, and its instant is rolled back: nothing changes.
+    timeline = nbcc.Table.open(uri).timeline()
+    with pytest.raises(Exception, match=r"[12] row\(s\) do not match replaceWhere \"day = 'd0'\" \(one has day=d[12]\)"):
+        new.write.format("nbcc").mode("overwrite").option("replaceWhere", "day = 'd0'").save(uri)
+    assert sorted(r.id for r in spark.read.format("nbcc").load(uri).collect()) == [0, 4, 5, 9, 100, 101]
+    assert [i.state for i in nbcc.Table.open(uri).timeline()] == [i.state for i in timeline] + ["rolledback"]
+    with pytest.raises(Exception, match="replaceWhere goes with mode overwrite"):
+        new.write.format("nbcc").mode("append").option("replaceWhere", "day = 'd1'").save(uri)
+    with pytest.raises(Exception, match=r"filter column\(s\) \['v'\] are not partition columns"):
+        new.write.format("nbcc").mode("overwrite").option("replaceWhere", "v = 'n'").save(uri)
+    assert len(nbcc.Table.open(uri).timeline()) == len(timeline) + 1
 
 
 def test_operation_delete_partition_deletes_the_partitions_of_the_rows_and_needs_a_table(spark, local_table, tmp_path):

@@ -553,6 +553,8 @@ def test_bad_streaming_write_options_fail_clearly_and_write_nothing(spark, tmp_p
     # A batch write's option: a stream's micro-batches append.
     with pytest.raises(StreamingQueryException, match="partitionOverwriteMode is an option of batch overwrites"):
         _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c3", partitionOverwriteMode="dynamic"))
+    with pytest.raises(StreamingQueryException, match="replaceWhere is an option of batch overwrites"):
+        _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c5", replaceWhere="id = 1"))
     with pytest.raises(StreamingQueryException, match="operation=delete_partition is for batch writes"):
         _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c4", operation="delete_partition"))
     assert not uri.exists()

@@ -21,7 +21,7 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from .clock import TimeGenerator
-from .config import DELETE_PARTITION, PARTITION_DELETE_VERSION, PARTITION_REPLACE_VERSION, raise_format_version
+from .config import FORMAT_VERSION, raise_format_version
 from .errors import CommitError, LockLostError, SchemaError, StorageError
 from .filenames import LogFile, parse_data_file
 from .schema import schema_to_json, type_to_json
@@ -51,6 +51,7 @@ class WriteTransaction:
     schema: pa.Schema  # the table schema this write produces (possibly with added columns)
     added_columns: list[str] = field(default_factory=list)
     partition_depth: int = 0  # number of partition columns (a rollback lists that deep)
+    format_version: int = FORMAT_VERSION  # the table's format version this write needs (§3)
     instant: str = ""
 
     def begin(self) -> str:
@@ -60,9 +61,8 @@ class WriteTransaction:
                 # Issued and made visible under one lock hold: a compaction scheduled later sees
                 # every older instant that may still complete, which bounds what it must keep (§15).
                 self.instant = grant.time
-                if self.action == REPLACE_PARTITIONS:  # older nbcc must refuse the table from now (§3, §8)
-                    raise_format_version(self.storage, grant, PARTITION_DELETE_VERSION
-                                         if self.operation == DELETE_PARTITION else PARTITION_REPLACE_VERSION)
+                if self.format_version > FORMAT_VERSION:  # older nbcc must refuse the table from now (§3, §8)
+                    raise_format_version(self.storage, grant, self.format_version)
                 create_requested(self.storage, self.instant, self.action, info, grant)
         except StorageError as failure:
             # The put may have landed all the same (a lost reply, a request given up at the

@@ -40,6 +40,9 @@ OPERATIONS = (UPSERT, DELETE, DELETE_PARTITION)
 STATIC, DYNAMIC = "static", "dynamic"
 PARTITION_OVERWRITE_MODES = (STATIC, DYNAMIC)
 PARTITION_OVERWRITE_MODE = "partitionoverwritemode"  # option names are matched in lower case
+# Delta's option: an overwrite that replaces the partitions matching a condition, which every row
+# written must match (partition columns only: nbcc replaces whole partitions).
+REPLACE_WHERE = "replacewhere"
 
 DEFAULT_BUCKETS = 16
 # File group ids carry the bucket as 8 digits (Hudi's form, §11), so bucket ids stop at 99999999.
@@ -58,6 +61,17 @@ def check_write_operation(operation: str, overwrite: bool) -> None:
         raise InvalidOptionError(f"operation must be one of {', '.join(OPERATIONS)}; got {operation!r}")
     if operation in (DELETE, DELETE_PARTITION) and overwrite:
         raise InvalidOptionError(f"operation={operation} cannot be combined with overwrite mode; give mode append")
+
+
+def check_replace_where(replace_where: Any, overwrite: bool, partition_overwrite_mode: str) -> None:
+    """replaceWhere goes with mode overwrite, and is its own partition overwrite mode."""
+    if replace_where is None:
+        return
+    if not overwrite:
+        raise InvalidOptionError("replaceWhere goes with mode overwrite: it replaces the matching partitions")
+    if partition_overwrite_mode == DYNAMIC:
+        raise InvalidOptionError("give either replaceWhere (replace the partitions that match it) or "
+                                 "partitionOverwriteMode=dynamic (replace those the data has rows in), not both")
 
 
 def check_partition_overwrite_mode(value: Any) -> str:
@@ -161,6 +175,10 @@ TABLE_OPTIONS: dict[str, OptionSpec] = {
                                       "seconds without a heartbeat before a write counts as failed, "
                                       f"default {DEFAULT_HEARTBEAT_TIMEOUT_S}"),
 }
+def _text(value: Any) -> str:
+    return str(value).strip()
+
+
 WRITE_OPTIONS: dict[str, OptionSpec] = {
     **TABLE_OPTIONS,
     "operation": OptionSpec(_choice("operation", OPERATIONS),
@@ -175,11 +193,10 @@ WRITE_OPTIONS: dict[str, OptionSpec] = {
         _choice("partitionOverwriteMode", PARTITION_OVERWRITE_MODES),
         "with mode overwrite: static (default) replaces the whole table | dynamic replaces only the "
         "partitions the data has rows in"),
+    REPLACE_WHERE: OptionSpec(_text, "with mode overwrite: replace the partitions that match this condition on "
+                                     "partition columns, e.g. day >= '2026-11-01' AND day < '2026-11-08'; every row "
+                                     "written must match it"),
 }
-def _text(value: Any) -> str:
-    return str(value).strip()
-
-
 READ_OPTIONS: dict[str, OptionSpec] = {
     "as_of": OptionSpec(_text, "time travel: a 17-digit instant time or an ISO-8601 timestamp (UTC if no zone)"),
     "query_type": OptionSpec(_text, "snapshot (default) | read_optimized | incremental"),
@@ -199,7 +216,7 @@ READ_OPTIONS: dict[str, OptionSpec] = {
 STREAM_ID_DOC = ("the stream's identity, recorded in every commit with the batch id (default: Spark's "
                  "query id, kept in the checkpoint); letters, digits, '.', '_', '-'")
 STREAM_WRITE_OPTIONS: dict[str, OptionSpec] = {
-    **{k: v for k, v in WRITE_OPTIONS.items() if k != PARTITION_OVERWRITE_MODE},  # batch writes only
+    **{k: v for k, v in WRITE_OPTIONS.items() if k not in (PARTITION_OVERWRITE_MODE, REPLACE_WHERE)},  # batch only
     "stream_id": OptionSpec(_text, STREAM_ID_DOC),
     "checkpointlocation": OptionSpec(_text, "Spark: the streaming query's checkpoint (Spark passes it on)"),
 }
@@ -219,7 +236,8 @@ STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
 }
 
 # Options matched in lower case whose users know them in Spark's spelling: error messages use it.
-_SPELLED = {"checkpointlocation": "checkpointLocation", PARTITION_OVERWRITE_MODE: "partitionOverwriteMode"}
+_SPELLED = {"checkpointlocation": "checkpointLocation", PARTITION_OVERWRITE_MODE: "partitionOverwriteMode",
+            REPLACE_WHERE: "replaceWhere"}
 
 STORAGE_PREFIX = "storage."
 # Spark adds these itself for load(path) / save(path).
@@ -253,15 +271,11 @@ def parse_options(options: Mapping[str, Any], specs: Mapping[str, OptionSpec], k
 
 def _misplaced_hint(unknown: list[str], specs: Mapping[str, OptionSpec]) -> str:
     """What the unknown options that users bring from elsewhere are, and what to do instead."""
-    low = {k.lower() for k in unknown}
     hints = []
     writes = sorted(k for k in unknown if k.lower() in WRITE_OPTIONS and k.lower() not in specs)
     if writes and specs is READ_OPTIONS:
         hints.append(f"{', '.join(writes)}: write option(s), for df.write (in SQL, a view's OPTIONS are read "
                      "options too: INSERT through a view takes only path and storage.* options)")
-    if "replacewhere" in low:
-        hints.append("replaceWhere (Delta) is not supported: mode('overwrite') with partitionOverwriteMode=dynamic "
-                     "replaces the partitions the data has rows in")
     return "".join(f". {h}" for h in hints)
 
 

@@ -303,8 +303,8 @@ def _values(text: str, single: bool = False) -> list[str]:
         if bad:
             raise InvalidOptionError(
                 f"{text!r} is not {'a value' if single else 'a list of values V1,V2'}: quote a value that holds "
-                "commas, quotes or the word AND or OR ('a, b', 'it''s'), and give one condition each (repeat "
-                "--where)")
+                "commas, quotes or the word AND or OR ('a, b', 'it''s'); conditions are joined by AND (on "
+                "the command line, by repeating --where), and OR is not supported")
         out.append(m[1].replace("''", "'") if m[1] is not None else m[2].replace('""', '"') if m[2] is not None
                    else m[3])
         pos = m.end()
@@ -326,6 +326,55 @@ def parse_condition(text: str) -> tuple[Any, ...]:
     if m:
         return (m[1], {"<>": "!="}.get(m[2], _ALIASES.get(m[2], m[2])), _values(m[3], single=True)[0])
     raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
+
+
+_QUOTED = r"'(?:[^']|'')*'"
+_SQL_VALUE = rf"(?:{_QUOTED}|[^\s']+)"
+
+
+def _split_and(text: str) -> list[str]:
+    """`text` split at each AND outside quotes and parentheses."""
+    parts, depth, quote, start, i = [], 0, None, 0, 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            quote = None if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth == 0 and re.match(r"\s+and\s+", text[i:], re.IGNORECASE) and text[i].isspace():
+            m = re.match(r"\s+and\s+", text[i:], re.IGNORECASE)
+            parts.append(text[start:i])
+            i += m.end()
+            start = i
+            continue
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_predicate(text: str) -> list[tuple[Any, ...]]:
+    """A SQL condition of Delta's replaceWhere form, conditions joined by AND:
+    `day >= '2026-11-01' AND day < '2026-11-08'`, `region IN ('eu', 'us')`,
+    `day BETWEEN DATE '2026-11-01' AND DATE '2026-11-07'`, `d IS NULL`: filter tuples whose
+    values are still text (see `typed_condition`). OR and NOT (but NOT IN) are refused."""
+    body = re.sub(rf"\b(?:date|timestamp|timestamp_ntz)\s*({_QUOTED})", r"\1", text.strip(), flags=re.IGNORECASE)
+    between = re.compile(rf"(\S+)\s+between\s+({_SQL_VALUE})\s+and\s+({_SQL_VALUE})", re.IGNORECASE)
+    body = between.sub(r"\1 >= \2 AND \1 <= \3", body)
+    conditions = []
+    for part in _split_and(body):
+        part = part.strip()
+        while part.startswith("(") and part.endswith(")") and _split_and(part[1:-1]) == [part[1:-1]]:
+            part = part[1:-1].strip()
+        if re.match(r"not\s", part, re.IGNORECASE):
+            raise InvalidOptionError(f"{part!r}: NOT is not supported here (NOT IN and != are); give conditions "
+                                     "joined by AND")
+        column, *rest = parse_condition(part)
+        conditions.append((column.strip("`"), *rest))
+    return conditions
 
 
 def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...] | pc.Expression:

@@ -8,6 +8,7 @@ import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .clock import TimeGenerator, parse_time_option
 from .commit import WriteTransaction
@@ -24,13 +25,16 @@ from .config import (
     DELETE,
     DELETE_PARTITION,
     DYNAMIC,
+    PARTITION_DELETE_VERSION,
     PARTITION_OVERWRITE_MODE,
+    PARTITION_REPLACE_VERSION,
     STATIC,
     TABLE_CONFIG_PATH,
     UPSERT,
     WRITE_OPTIONS,
     TableConfig,
     check_partition_overwrite_mode,
+    check_replace_where,
     check_write_operation,
     parse_options,
     parse_table_options,
@@ -43,7 +47,7 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from .expr import conjunction, parse_filter
+from .expr import conjunction, parse_filter, parse_predicate, typed_condition
 from .file_slices import FileSlice
 from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index
@@ -64,7 +68,7 @@ from .timeline import (
     earliest_retained,
 )
 from .view import TableView, check_readable, earliest_begin, oldest_readable, schema_as_of, slices_by_group, table_view
-from .writer import LogWriter, check_rows, coalesced, partitions_named, prepare
+from .writer import LogWriter, check_rows, check_rows_match, coalesced, partitions_named, prepare
 
 Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
 
@@ -183,16 +187,20 @@ class Table:
     # -- writing -----------------------------------------------------------------------------
 
     def prepare_write(self, incoming_schema: pa.Schema, operation: str = UPSERT,
-                      overwrite: bool = False, partition_overwrite_mode: str = STATIC) -> WriteTransaction:
+                      overwrite: bool = False, partition_overwrite_mode: str = STATIC,
+                      replace_where: Any = None) -> WriteTransaction:
         """Check `incoming_schema` against the table's schema and make the transaction that writes
         it, not begun (a streaming sink begins one instant per micro-batch from it). An overwrite
         with `partition_overwrite_mode="dynamic"` replaces only the partitions it writes rows to
-        (on a table without partition columns: the whole table, as in Spark)."""
+        (on a table without partition columns: the whole table, as in Spark); one with
+        `replace_where` (`replace_filter`), the partitions that match it (the caller checks the
+        rows and names them at commit)."""
         check_write_operation(operation, overwrite)
         partition_overwrite_mode = check_partition_overwrite_mode(partition_overwrite_mode)
+        check_replace_where(replace_where, overwrite, partition_overwrite_mode)
         current = self.schema()
         if operation == DELETE_PARTITION:
-            self._check_partitioned()
+            self._check_partitioned("it has no partitions to delete; to delete every row, overwrite it with no rows")
             missing = [c for c in self.config.partition_by if c not in incoming_schema.names]
             if missing:
                 raise InvalidOptionError(f"operation=delete_partition: the data lacks partition column(s) {missing}; "
@@ -201,7 +209,8 @@ class Table:
             evolve_schema(current, pa.schema([incoming_schema.field(c) for c in self.config.partition_by]),
                           delete=True)
             return WriteTransaction(self.storage, self.clock, REPLACE_PARTITIONS, DELETE_PARTITION, current,
-                                    partition_depth=len(self.config.partition_by))
+                                    partition_depth=len(self.config.partition_by),
+                                    format_version=PARTITION_DELETE_VERSION)
         missing = [c for c in self.config.record_key + self.config.partition_by if c not in incoming_schema.names]
         if missing:
             raise InvalidOptionError(
@@ -214,23 +223,75 @@ class Table:
                 "which version of a record wins (deletes may leave it out)"
             )
         new_schema = evolve_schema(current, incoming_schema, delete=operation == DELETE)
-        action = DELTA_COMMIT
-        if overwrite:
+        action, version = DELTA_COMMIT, None
+        if replace_where is not None:
+            self.replace_filter(replace_where, new_schema)  # refused before anything is written
+            # It names partitions it may write no file to (§8): version 3.
+            action, version = REPLACE_PARTITIONS, PARTITION_DELETE_VERSION
+        elif overwrite:
             dynamic = partition_overwrite_mode == DYNAMIC and self.config.partition_by
             action = REPLACE_PARTITIONS if dynamic else REPLACE_COMMIT
+            version = PARTITION_REPLACE_VERSION if dynamic else None
         return WriteTransaction(
             self.storage, self.clock, action, "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
-            partition_depth=len(self.config.partition_by),
+            partition_depth=len(self.config.partition_by), **({"format_version": version} if version else {}),
         )
+
+    def replace_filter(self, replace_where: Any, schema: pa.Schema | None = None) -> list[Any]:
+        """A replaceWhere condition as a filter on partition columns (InvalidOptionError if it
+        is not one): SQL text in Delta's form (`day >= '2026-11-01' AND day < '2026-11-08'`,
+        `region IN ('eu', 'us')`, BETWEEN, IS NULL), or a filter as `read` takes."""
+        self._check_partitioned("replaceWhere, which replaces the partitions that match it, needs some; "
+                                "overwrite the whole table instead")
+        schema = schema or self.schema()
+        if isinstance(replace_where, str) and not replace_where.strip():
+            raise InvalidOptionError("replaceWhere is empty; give a condition on partition columns")
+        if isinstance(replace_where, str):
+            try:
+                spec = [typed_condition(c, schema) for c in parse_predicate(replace_where)]
+            except InvalidOptionError as exc:
+                raise InvalidOptionError(
+                    f"replaceWhere {replace_where!r}: {exc}. It takes conditions on partition columns joined by "
+                    "AND: = != <> < <= > >= IN NOT IN BETWEEN IS [NOT] NULL") from None
+        else:
+            spec = replace_where if isinstance(replace_where, list) else [replace_where]
+        if not spec:
+            raise InvalidOptionError("replaceWhere is empty; give a condition on partition columns")
+        self.partition_condition(spec, schema, "replaceWhere replaces whole partitions; to replace the rows that "
+                                             "match a condition on other columns, delete them (Table.delete, "
+                                             "`nbcc delete`) and append the new rows")
+        return spec
+
+    def partition_condition(self, spec: Any, schema: pa.Schema,
+                          instead: str = "To delete the records that match a condition on other columns, use "
+                                         "Table.delete (`nbcc delete`)") -> pc.Expression | None:
+        """`spec` (a filter as `read` takes) as one expression, or InvalidOptionError if it names
+        a column that is not a partition column (`instead`: what to do then)."""
+        preds, extra = parse_filter(spec, schema)
+        others = sorted({p.column for p in preds} - set(self.config.partition_by))
+        if others:
+            raise InvalidOptionError(
+                f"filter column(s) {others} are not partition columns ({list(self.config.partition_by)}): "
+                f"whole partitions are matched by their partition values. {instead}")
+        expression = conjunction(preds, extra)
+        if expression is not None:
+            try:  # a pyarrow expression naming another column fails here, not later
+                partition_values([], self.config.partition_by, schema).filter(expression)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise InvalidOptionError(
+                    f"the filter cannot be applied to the partition columns {list(self.config.partition_by)} "
+                    f"alone (whole partitions are matched by their partition values): {str(exc).splitlines()[0]}"
+                ) from None
+        return expression
 
     def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False,
                     check_first: Callable[[pa.Schema], None] | None = None,
-                    partition_overwrite_mode: str = STATIC) -> WriteTransaction:
+                    partition_overwrite_mode: str = STATIC, replace_where: Any = None) -> WriteTransaction:
         """Check `incoming_schema` and start an instant (the first half of a write; used by the
         Spark connector, whose tasks write the files). `check_first(table_schema)` runs after the
         schema checks and before the instant exists, so a failing check writes nothing."""
-        txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode)
+        txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode, replace_where)
         if check_first is not None:
             check_first(txn.schema)
         txn.begin()
@@ -241,7 +302,8 @@ class Table:
 
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
               partition_overwrite_mode: str = STATIC, max_log_file_bytes: int | None = None,
-              compaction_delta_commits: int | None = None, compaction_inline: bool = False) -> str | None:
+              compaction_delta_commits: int | None = None, compaction_inline: bool = False,
+              replace_where: Any = None) -> str | None:
         """Write `data` as one commit; returns its instant (None: a partition deletion of no rows,
         which writes nothing).
 
@@ -249,7 +311,10 @@ class Table:
         "delete" (the rows' keys are deleted) or "delete_partition" (every row of the partitions
         the rows are in is deleted, with a commit that writes no files; only their partition
         columns are read, see `delete_partitions`). `mode="overwrite"` replaces the table's contents;
-        with `partition_overwrite_mode="dynamic"`, only those of the partitions `data` has rows in.
+        with `partition_overwrite_mode="dynamic"`, only those of the partitions `data` has rows in;
+        with `replace_where` (Delta's replaceWhere: SQL text such as "day >= '2026-11-01' AND day <
+        '2026-11-08'", or a filter as `read` takes, on partition columns), those of the partitions
+        that match it, rows or not; every row of `data` must match it.
         Bad data raises before anything is written when `data` is a Table; a stream that turns
         bad part-way, or a write failing for any other reason, is rolled back at once.
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
@@ -258,12 +323,12 @@ class Table:
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
         return self._write(schema, batches, operation, mode, partition_overwrite_mode, max_log_file_bytes,
                            compaction_delta_commits, compaction_inline,
-                           check_first=whole if isinstance(whole, pa.Table) else None)
+                           check_first=whole if isinstance(whole, pa.Table) else None, replace_where=replace_where)
 
     def _write(self, schema: pa.Schema, pieces: Iterator[pa.RecordBatch | pa.Table], operation: str, mode: str,
                partition_overwrite_mode: str, max_log_file_bytes: int | None, compaction_delta_commits: int | None,
                compaction_inline: bool, check_first: pa.Table | None = None, by_file_group: bool = False,
-               commit_extra: dict[str, Any] | None = None) -> str | None:
+               commit_extra: dict[str, Any] | None = None, replace_where: Any = None) -> str | None:
         """`write` of `pieces` (record batches of `schema`). `check_first`: the whole data, to
         check before the instant begins. `by_file_group`: each piece is one file group's rows (a
         restore's or a delete's, read one file group at a time), whose log file is closed before
@@ -288,6 +353,10 @@ class Table:
             for rows in coalesced(pieces):  # every bad row is found before the instant begins
                 found |= partitions_named(rows, self.config, txn.schema)
             return compact_if_due(self._commit_deletion(txn, found)) if found else None
+        replace = condition = None
+        if replace_where is not None:
+            replace = self.replace_filter(replace_where)
+            condition = self.partition_condition(replace, self.schema())
 
         def check_all(table_schema: pa.Schema) -> None:
             # A bad table writes nothing at all: its rows are checked and converted before the
@@ -295,24 +364,31 @@ class Table:
             # memory holds one converted chunk, not a converted copy of the table). Conversion
             # costs nothing for columns already of the table's types.
             for rows in coalesced(check_first.to_batches()):
-                check_rows(rows, self.config, table_schema, operation)
+                converted = check_rows(rows, self.config, table_schema, operation)
+                if condition is not None:
+                    check_rows_match(converted, self.config.partition_by, condition, replace_where)
 
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
                                check_first=check_all if check_first is not None else None,
-                               partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC))
+                               partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC),
+                               replace_where=replace)
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):
                 try:
                     for rows in (pieces if by_file_group else coalesced(pieces)):
-                        writer.write(prepare(rows, self.config, txn.schema, operation))
+                        prepared = prepare(rows, self.config, txn.schema, operation)
+                        if condition is not None:
+                            check_rows_match(prepared, self.config.partition_by, condition, replace_where)
+                        writer.write(prepared)
                         if by_file_group:
                             writer.close_open_files()
                     files = writer.close()
                 except BaseException:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)
                     raise
-                txn.commit(files, commit_extra)
+                # replaceWhere names the partitions that match it as of now (§8).
+                txn.commit(files, commit_extra, partitions=self.partitions(replace) if replace else ())
         except BaseException as failure:
             # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
             # once its heartbeat expires (a commit that completed is never rolled back). Not when
@@ -322,10 +398,9 @@ class Table:
             raise
         return compact_if_due(txn.instant)
 
-    def _check_partitioned(self) -> None:
+    def _check_partitioned(self, consequence: str) -> None:
         if not self.config.partition_by:
-            raise InvalidOptionError("the table has no partition columns, so it has no partitions to delete; to "
-                                     "delete every row, overwrite it with no rows (mode overwrite)")
+            raise InvalidOptionError(f"the table has no partition columns, so {consequence}")
 
     def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str]) -> str:
         """Begin and complete a partition deletion: one commit, no files (format.md §8)."""
@@ -344,29 +419,15 @@ class Table:
         unpartitioned table has none."""
         if not self.config.partition_by:
             if filter is not None:
-                self._check_partitioned()
+                self._check_partitioned("it has no partitions to delete; to delete every row, overwrite it with no rows")
             return []
         view = self._view(None)
         paths = sorted({partition for partition, _ in slices_by_group(self.storage, view)})
-        if filter is None:
+        expression = self.partition_condition(filter, view.schema) if filter is not None else None
+        if expression is None:
             return paths
         values = partition_values(paths, self.config.partition_by, view.schema)
-        preds, extra = parse_filter(filter, view.schema)
-        others = sorted({p.column for p in preds} - set(self.config.partition_by))
-        if others:
-            raise InvalidOptionError(
-                f"filter column(s) {others} are not partition columns ({list(self.config.partition_by)}): "
-                "whole partitions are matched by their partition values. To delete the records that "
-                "match a condition on other columns, use Table.delete (`nbcc delete`)")
-        if not preds and extra is None:
-            return paths
-        try:
-            matched = values.append_column("_path", pa.array(paths, pa.string())).filter(conjunction(preds, extra))
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-            raise InvalidOptionError(
-                f"the filter cannot be applied to the partition columns {list(self.config.partition_by)} alone "
-                f"(whole partitions are matched by their partition values): {str(exc).splitlines()[0]}") from None
-        return matched.column("_path").to_pylist()
+        return values.append_column("_path", pa.array(paths, pa.string())).filter(expression).column("_path").to_pylist()
 
     def delete_partitions(self, filter: Any) -> str | None:
         """Delete every row of the partitions whose values match `filter` (as `read`'s, on
@@ -374,7 +435,7 @@ class Table:
         no files (Hudi's delete_partition); returns its instant, or None if no partition matched
         (nothing is written). Writes to those partitions that complete after it are kept. The old
         files stay readable with `as_of` until a clean deletes them."""
-        self._check_partitioned()
+        self._check_partitioned("it has no partitions to delete; to delete every row, overwrite it with no rows")
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete_partitions needs a filter on partition columns, e.g. "
                                      "[('day', '<', '2026-09-01')]; to delete every row, overwrite the table "

@@ -256,6 +256,23 @@ def partitions_named(batch: pa.RecordBatch | pa.Table, config: TableConfig, tabl
     return distinct_partitions(rows, config.partition_by)
 
 
+def check_rows_match(rows: pa.Table, partition_by: Sequence[str], condition: pc.Expression, what: Any) -> None:
+    """Every row of `rows` (in the table's types) matches replaceWhere's `condition`, or
+    SchemaError naming how many do not and one of them."""
+    n = rows.num_rows
+    if n == 0:
+        return
+    numbered = rows.select(list(partition_by)).append_column("_row", pa.array(np.arange(n)))
+    matched = numbered.filter(condition).column("_row")
+    if len(matched) == n:
+        return
+    bad = np.setdiff1d(np.arange(n), matched.to_numpy())
+    example = ", ".join(f"{c}={rows.column(c)[int(bad[0])].as_py()}" for c in partition_by)
+    raise SchemaError(f"{len(bad)} row(s) do not match replaceWhere {what!r} (one has {example}): it replaces "
+                      "only the partitions that match it, so every row written must; filter the data with the "
+                      "same condition")
+
+
 def _prepared_schema(table_schema: pa.Schema) -> pa.Schema:
     schema = file_schema(table_schema)
     return schema.remove(schema.get_field_index(COMMIT_TIME_COL))

@@ -46,10 +46,13 @@ from nbcc.config import (
     DELETE_PARTITION,
     PARTITION_OVERWRITE_MODE,
     READ_OPTIONS,
+    REPLACE_WHERE,
     STATIC,
     STREAM_READ_OPTIONS,
     WRITE_OPTIONS,
     TableConfig,
+    check_partition_overwrite_mode,
+    check_replace_where,
     check_write_operation,
     parse_options,
     parse_table_options,
@@ -72,7 +75,7 @@ from nbcc.scan import (
 )
 from nbcc.schema import null_array, nullable_schema
 from nbcc.storage import Storage
-from nbcc.writer import LogWriter, coalesced, partitions_named, prepare
+from nbcc.writer import LogWriter, check_rows_match, coalesced, partitions_named, prepare
 
 log = logging.getLogger(__name__)
 
@@ -272,11 +275,16 @@ class DefaultSource(DataSource):
         uri = _table_uri(self.options)
         options, storage_options = parse_options(self.options, WRITE_OPTIONS, "write")
         partition_overwrite_mode = options.pop(PARTITION_OVERWRITE_MODE, STATIC)
+        replace_where = options.pop(REPLACE_WHERE, None)
+        check_replace_where(replace_where, overwrite, check_partition_overwrite_mode(partition_overwrite_mode))
         table, arrow_schema, operation, max_bytes, trigger = open_for_write(
             uri, options, storage_options, schema, overwrite)
+        replace = table.replace_filter(replace_where) if replace_where is not None else None
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite,
-                                partition_overwrite_mode=partition_overwrite_mode)
-        return NbccWriter(table.storage, table.config, txn, max_bytes, trigger)
+                                partition_overwrite_mode=partition_overwrite_mode, replace_where=replace)
+        condition = table.partition_condition(replace, txn.schema) if replace is not None else None
+        return NbccWriter(table.storage, table.config, txn, max_bytes, trigger,
+                          (replace_where, replace, condition) if replace is not None else None)
 
     def streamWriter(self, schema: StructType, overwrite: bool):
         """`df.writeStream.format("nbcc").start(uri)`: one commit per micro-batch (streaming.py)."""
@@ -481,12 +489,14 @@ class NbccCommitMessage(WriterCommitMessage):
 
 class NbccWriter(DataSourceArrowWriter):
     def __init__(self, storage: Storage, config: TableConfig, txn: WriteTransaction,
-                 max_log_file_bytes: int | None, compaction_trigger: tuple[int | None, bool] = (None, False)):
+                 max_log_file_bytes: int | None, compaction_trigger: tuple[int | None, bool] = (None, False),
+                 replace_where: tuple[str, list[Any], Any] | None = None):
         self.storage = storage
         self.config = config
         self.txn = txn
         self.max_log_file_bytes = max_log_file_bytes
         self.compaction_trigger = compaction_trigger
+        self.replace_where = replace_where  # (its text, its filter, its condition): rows are checked
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> NbccCommitMessage:
         from pyspark import TaskContext
@@ -505,7 +515,11 @@ class NbccWriter(DataSourceArrowWriter):
         try:
             with Heartbeat(self.storage, self.txn.instant, interval_s(self.config.heartbeat_timeout_s), keep=True):
                 for rows in coalesced(iterator):
-                    writer.write(prepare(rows, self.config, self.txn.schema, self.txn.operation))
+                    prepared = prepare(rows, self.config, self.txn.schema, self.txn.operation)
+                    if self.replace_where is not None:
+                        text, _, condition = self.replace_where
+                        check_rows_match(prepared, self.config.partition_by, condition, text)
+                    writer.write(prepared)
                 files = writer.close()
         except BaseException:
             writer.abort()  # no half-written file may surface later (S3 uploads on close)
@@ -513,8 +527,10 @@ class NbccWriter(DataSourceArrowWriter):
         return NbccCommitMessage(files=files, partitions=sorted({f["partition"] for f in files}))
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
-        self.txn.commit([f for m in messages if m is not None for f in m.files],
-                        partitions=[p for m in messages if m is not None for p in m.partitions])
+        partitions = [p for m in messages if m is not None for p in m.partitions]
+        if self.replace_where is not None:  # the partitions that match it as of now (format.md §8)
+            partitions += Table(self.storage, self.config).partitions(self.replace_where[1])
+        self.txn.commit([f for m in messages if m is not None for f in m.files], partitions=partitions)
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
                       f"the Spark write's commit {self.txn.instant}", log)

@@ -45,6 +45,7 @@ from nbcc.config import (
     DELETE_PARTITION,
     PARTITION_OVERWRITE_MODE,
     READ_OPTIONS,
+    REPLACE_WHERE,
     STREAM_READ_OPTIONS,
     STREAM_WRITE_OPTIONS,
     TableConfig,
@@ -101,10 +102,12 @@ class NbccStreamCommitMessage(WriterCommitMessage):
 
 def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) -> "NbccStreamWriter":
     uri = _table_uri(options)
-    if PARTITION_OVERWRITE_MODE in {str(k).strip().lower() for k in options}:
-        raise InvalidOptionError(
-            "partitionOverwriteMode is an option of batch overwrites (df.write.mode(\"overwrite\")): a stream's "
-            "micro-batches upsert, or in complete output mode each replaces the whole table; leave it out")
+    given = {str(k).strip().lower() for k in options}
+    for name, spelled in ((PARTITION_OVERWRITE_MODE, "partitionOverwriteMode"), (REPLACE_WHERE, "replaceWhere")):
+        if name in given:
+            raise InvalidOptionError(
+                f"{spelled} is an option of batch overwrites (df.write.mode(\"overwrite\")): a stream's "
+                "micro-batches upsert, or in complete output mode each replaces the whole table; leave it out")
     parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
     stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
     parsed.pop("checkpointlocation", None)
