@@ -21,6 +21,7 @@ import pyarrow as pa
 import pytest
 
 import nbcc
+from nbcc.expr import parse_predicate
 from nbcc.filenames import make_token
 from nbcc.writer import prepare
 
@@ -517,6 +518,11 @@ def test_replace_where_replaces_the_matching_partitions_rows_or_not(tmp_path):
     ("NOT day = 'd1'", "NOT is not supported here"),
     ("ts > 3", r"filter column\(s\) \['ts'\] are not partition columns.*replaceWhere replaces whole partitions"),
     ("", "replaceWhere is empty"),
+    # What SQL reads otherwise is refused rather than misread into other partitions.
+    ("day >= 1", r"1 is a number, which SQL compares numerically; quote it"),
+    ("day != NULL", "'NULL' is not a literal"),
+    ("day = other_column", "'other_column' is not a literal"),
+    ("day = 'd1", "unbalanced quote"),
 ])
 def test_a_bad_replace_where_is_refused_and_nothing_is_written(tmp_path, where, problem):
     table = new_table(str(tmp_path / "t"))
@@ -552,3 +558,15 @@ def test_replace_where_goes_with_overwrite_and_a_partitioned_table_only(tmp_path
         with pytest.raises(nbcc.InvalidOptionError, match=problem):
             call()
     assert table.timeline() == [] and flat.timeline() == []
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("day >= '2026-11-01' AND day < '2026-11-08'", [("day", ">=", "2026-11-01"), ("day", "<", "2026-11-08")]),
+    ("day BETWEEN DATE '2026-11-01' AND DATE '2026-11-07'", [("day", ">=", "2026-11-01"), ("day", "<=", "2026-11-07")]),
+    ("region IN ('eu', 'us')", [("region", "in", ["eu", "us"])]),
+    ("(kind != 'by date') and `p` NOT IN ('date', 'it''s')", [("kind", "!=", "by date"), ("p", "not_in", ["date", "it's"])]),
+    ("p <> 'q between a and b'", [("p", "!=", "q between a and b")]),
+    ("d IS NULL AND\n flag = TRUE", [("d", "is_null"), ("flag", "=", "TRUE")]),
+])
+def test_replace_where_text_is_read_as_sql_reads_it(text, expected):
+    assert parse_predicate(text) == expected

@@ -328,25 +328,25 @@ def parse_condition(text: str) -> tuple[Any, ...]:
     raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
 
 
-_QUOTED = r"'(?:[^']|'')*'"
-_SQL_VALUE = rf"(?:{_QUOTED}|[^\s']+)"
+_LITERAL = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*\"""")
+_HOLE = re.compile(r"(?:\x00|\\x00)(\d+)(?:\x00|\\x00)")  # raw, or as repr shows it
+_SQL_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+class SqlNumber(str):
+    """An unquoted numeric literal of a replaceWhere condition (SQL compares it as a number)."""
 
 
 def _split_and(text: str) -> list[str]:
-    """`text` split at each AND outside quotes and parentheses."""
-    parts, depth, quote, start, i = [], 0, None, 0, 0
+    """`text` (its quoted literals masked) split at each AND outside parentheses."""
+    parts, depth, start, i = [], 0, 0, 0
     while i < len(text):
         c = text[i]
-        if quote:
-            quote = None if c == quote else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "(":
+        if c == "(":
             depth += 1
         elif c == ")":
             depth -= 1
-        elif depth == 0 and re.match(r"\s+and\s+", text[i:], re.IGNORECASE) and text[i].isspace():
-            m = re.match(r"\s+and\s+", text[i:], re.IGNORECASE)
+        elif depth == 0 and text[i].isspace() and (m := re.match(r"\s+and\s+", text[i:], re.IGNORECASE)):
             parts.append(text[start:i])
             i += m.end()
             start = i
@@ -360,9 +360,22 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
     """A SQL condition of Delta's replaceWhere form, conditions joined by AND:
     `day >= '2026-11-01' AND day < '2026-11-08'`, `region IN ('eu', 'us')`,
     `day BETWEEN DATE '2026-11-01' AND DATE '2026-11-07'`, `d IS NULL`: filter tuples whose
-    values are still text (see `typed_condition`). OR and NOT (but NOT IN) are refused."""
-    body = re.sub(rf"\b(?:date|timestamp|timestamp_ntz)\s*({_QUOTED})", r"\1", text.strip(), flags=re.IGNORECASE)
-    between = re.compile(rf"(\S+)\s+between\s+({_SQL_VALUE})\s+and\s+({_SQL_VALUE})", re.IGNORECASE)
+    values are still text (see `typed_condition`; an unquoted number is a `SqlNumber`). OR and
+    NOT (but NOT IN) are refused, and so is any value that is neither a quoted literal, a number
+    nor true/false (a column, a function, NULL, arithmetic): read as text, it would match other
+    partitions than SQL's."""
+    literals: list[str] = []
+
+    def hole(m: re.Match) -> str:
+        literals.append(m[0])
+        return f"\x00{len(literals) - 1}\x00"
+
+    # Keywords are looked for only outside quoted literals: 'by date' is no DATE literal.
+    body = _LITERAL.sub(hole, text.strip())
+    if "'" in body or '"' in body:
+        raise InvalidOptionError(f"{text!r} has an unbalanced quote")
+    body = re.sub(r"\b(?:date|timestamp|timestamp_ntz)\s*(\x00\d+\x00)", r"\1", body, flags=re.IGNORECASE)
+    between = re.compile(r"(\S+)\s+between\s+(\S+)\s+and\s+(\S+)", re.IGNORECASE)
     body = between.sub(r"\1 >= \2 AND \1 <= \3", body)
     conditions = []
     for part in _split_and(body):
@@ -370,9 +383,31 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
         while part.startswith("(") and part.endswith(")") and _split_and(part[1:-1]) == [part[1:-1]]:
             part = part[1:-1].strip()
         if re.match(r"not\s", part, re.IGNORECASE):
+            part = _HOLE.sub(lambda m: literals[int(m[1])], part)
             raise InvalidOptionError(f"{part!r}: NOT is not supported here (NOT IN and != are); give conditions "
                                      "joined by AND")
-        column, *rest = parse_condition(part)
+        try:
+            shape = parse_condition(part)  # values still masked: which were quoted
+        except InvalidOptionError as exc:
+            raise InvalidOptionError(_HOLE.sub(lambda m: literals[int(m[1])], str(exc))) from None
+        column, *rest = parse_condition(_HOLE.sub(lambda m: literals[int(m[1])], part))
+        if len(rest) == 2:
+            masked = shape[2] if isinstance(shape[2], list) else [shape[2]]
+            values = rest[1] if isinstance(rest[1], list) else [rest[1]]
+            typed = []
+            for m, v in zip(masked, values):
+                if _HOLE.fullmatch(m):
+                    typed.append(v)
+                elif _SQL_NUMBER.fullmatch(m):
+                    typed.append(SqlNumber(v))
+                elif m.lower() in ("true", "false"):
+                    typed.append(v)
+                else:
+                    raise InvalidOptionError(
+                        f"{_HOLE.sub(lambda x: literals[int(x[1])], m)!r} is not a literal: quote a string or "
+                        "date ('2026-11-01'); a column, a function, NULL (use IS NULL) or arithmetic is not "
+                        "supported")
+            rest[1] = typed if isinstance(rest[1], list) else typed[0]
         conditions.append((column.strip("`"), *rest))
     return conditions
 
@@ -387,6 +422,10 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
     column, op, given = item
     t = schema.field(column).type
     texts = given if isinstance(given, list) else [given]
+    numbers = [v for v in texts if isinstance(v, SqlNumber)]
+    if numbers and (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_temporal(t)):
+        raise InvalidOptionError(f"condition on {column!r} ({t}): {numbers[0]} is a number, which SQL compares "
+                                 f"numerically; quote it ('{numbers[0]}') to compare it as a {t} value")
     if pa.types.is_boolean(t) and any(v.lower() not in ("true", "false") for v in texts):
         raise InvalidOptionError(f"condition on {column!r}: {given!r} is not true or false")
     if pa.types.is_integer(t) and not all(re.fullmatch(r"[+-]?\d+", v.strip()) for v in texts):
