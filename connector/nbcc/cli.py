@@ -359,15 +359,15 @@ def cmd_rollback(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     table = _open(args)
     instant = table.restore(args.as_of)
-    done = Timeline.load(table.storage).get(instant)
-    rows = sum(int(f.get("rows", 0)) for f in read_commit_metadata(table.storage, done)["files"])
+    done, meta = _completed(table, instant)
+    rows = sum(int(f.get("rows", 0)) for f in meta["files"])
     print(f"restored {table.uri} as of {args.as_of}: {_n(rows, 'row')}, written by overwrite {instant} "
           f"(completed at {done.completion}). The commits in between stay readable with as_of until a "
           "clean passes them")
     return 0
 
 
-_CONDITION_HELP = ("'COL OP VALUE' (OP: = == != < <= > >=), 'COL in V1,V2', 'COL not in V1,V2' or 'COL is "
+_CONDITION_HELP = ("'COL OP VALUE' (OP: = == != <> < <= > >=), 'COL in V1,V2', 'COL not in V1,V2' or 'COL is "
                    "[not] null'; values in the column's type (dates 2026-11-20, timestamps 2026-11-20T10:00:00Z, "
                    "UTC without a zone; true/false), quoted if they hold spaces or commas; as in SQL, a null "
                    "matches only 'is null'")
@@ -380,10 +380,21 @@ def _where(text: str) -> tuple[Any, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _conditions(table: Table, args: argparse.Namespace) -> list[Any]:
+    """The `--where` conditions as a filter, their values in their columns' types."""
+    schema = table.schema()
+    return [typed_condition(item, schema) for item in args.where]
+
+
+def _completed(table: Table, instant: str) -> tuple[Any, dict[str, Any]]:
+    """The instant a command just wrote, and its commit metadata."""
+    done = Timeline.load(table.storage).get(instant)
+    return done, read_commit_metadata(table.storage, done)
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     table = _open(args)
-    schema = table.schema()
-    where = [typed_condition(item, schema) for item in args.where]
+    where = _conditions(table, args)
     if args.dry_run:
         plan = table.plan(filter=where)
         matched = sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
@@ -393,16 +404,14 @@ def cmd_delete(args: argparse.Namespace) -> int:
     if instant is None:
         print(f"no record of {table.uri} matches; nothing was written")
         return 0
-    done = Timeline.load(table.storage).get(instant)
-    rows = read_commit_metadata(table.storage, done)["rows"]
-    print(f"deleted {_n(rows, 'record')} of {table.uri} with commit {instant} (completed at {done.completion})")
+    done, meta = _completed(table, instant)
+    print(f"deleted {_n(meta['rows'], 'record')} of {table.uri} with commit {instant} (completed at {done.completion})")
     return 0
 
 
 def cmd_delete_partitions(args: argparse.Namespace) -> int:
     table = _open(args)
-    schema = table.schema()
-    where = [typed_condition(item, schema) for item in args.where]
+    where = _conditions(table, args)
     if args.dry_run:
         matched = table.partitions(where)
         print(f"would delete {_n(len(matched), 'partition')}" + "".join(f"\n  {p}" for p in matched))
@@ -411,8 +420,8 @@ def cmd_delete_partitions(args: argparse.Namespace) -> int:
     if instant is None:
         print(f"no partition of {table.uri} matches; nothing was written")
         return 0
-    done = Timeline.load(table.storage).get(instant)
-    deleted = read_commit_metadata(table.storage, done)["replaced_partitions"]
+    done, meta = _completed(table, instant)
+    deleted = meta["replaced_partitions"]
     print(f"deleted {_n(len(deleted), 'partition')} of {table.uri} with commit {instant} (completed at "
           f"{done.completion}); their files stay readable with as_of until a clean deletes them"
           + "".join(f"\n  {p}" for p in deleted))
