@@ -337,6 +337,14 @@ class SqlNumber(str):
     """An unquoted numeric literal of a replaceWhere condition (SQL compares it as a number)."""
 
 
+class SqlDate(str):
+    """A `DATE '...'` literal of a replaceWhere condition."""
+
+
+class SqlTimestamp(str):
+    """A `TIMESTAMP '...'` literal of a replaceWhere condition."""
+
+
 def _split_and(text: str) -> list[str]:
     """`text` (its quoted literals masked) split at each AND outside parentheses."""
     parts, depth, start, i = [], 0, 0, 0
@@ -374,7 +382,13 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
     body = _LITERAL.sub(hole, text.strip())
     if "'" in body or '"' in body:
         raise InvalidOptionError(f"{text!r} has an unbalanced quote")
-    body = re.sub(r"\b(?:date|timestamp|timestamp_ntz)\s*(\x00\d+\x00)", r"\1", body, flags=re.IGNORECASE)
+    typed_literals: dict[int, type] = {}  # literal -> its SQL type, for those given one
+
+    def typed_literal(m: re.Match) -> str:
+        typed_literals[int(m[2])] = SqlDate if m[1].lower() == "date" else SqlTimestamp
+        return f"\x00{m[2]}\x00"
+
+    body = re.sub(r"\b(date|timestamp|timestamp_ntz)\s*\x00(\d+)\x00", typed_literal, body, flags=re.IGNORECASE)
     between = re.compile(r"(\S+)\s+between\s+(\S+)\s+and\s+(\S+)", re.IGNORECASE)
     body = between.sub(r"\1 >= \2 AND \1 <= \3", body)
     conditions = []
@@ -388,8 +402,14 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
                                      "joined by AND")
         try:
             shape = parse_condition(part)  # values still masked: which were quoted
-        except InvalidOptionError as exc:
-            raise InvalidOptionError(_HOLE.sub(lambda m: literals[int(m[1])], str(exc))) from None
+        except InvalidOptionError:
+            raise InvalidOptionError(
+                f"{_HOLE.sub(lambda m: literals[int(m[1])], part)!r} is not a condition it can read (COLUMN OP "
+                "'literal', COLUMN [NOT] IN ('a', 'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL; OR, LIKE and "
+                "functions are not supported)") from None
+        if not re.fullmatch(r"`[^`]+`|[A-Za-z_][A-Za-z0-9_]*", shape[0]):
+            raise InvalidOptionError(f"{_HOLE.sub(lambda m: literals[int(m[1])], shape[0])!r} is not a column name: "
+                                     "functions and expressions are not supported, only a partition column")
         column, *rest = parse_condition(_HOLE.sub(lambda m: literals[int(m[1])], part))
         if len(rest) == 2:
             masked = shape[2] if isinstance(shape[2], list) else [shape[2]]
@@ -397,7 +417,8 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
             typed = []
             for m, v in zip(masked, values):
                 if _HOLE.fullmatch(m):
-                    typed.append(v)
+                    kind = typed_literals.get(int(_HOLE.fullmatch(m)[1]))
+                    typed.append(kind(v) if kind else v)
                 elif _SQL_NUMBER.fullmatch(m):
                     typed.append(SqlNumber(v))
                 elif m.lower() in ("true", "false"):
@@ -426,6 +447,14 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
     if numbers and (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_temporal(t)):
         raise InvalidOptionError(f"condition on {column!r} ({t}): {numbers[0]} is a number, which SQL compares "
                                  f"numerically; quote it ('{numbers[0]}') to compare it as a {t} value")
+    # A DATE or TIMESTAMP literal compared with a column of another type is compared as SQL casts
+    # them (a string as a date, '2026-11-7' included), not as nbcc would compare text: refused.
+    for kind, fits, name in ((SqlDate, pa.types.is_date, "DATE"), (SqlTimestamp, pa.types.is_timestamp, "TIMESTAMP")):
+        given_kind = [v for v in texts if isinstance(v, kind)]
+        if given_kind and not fits(t):
+            raise InvalidOptionError(f"condition on {column!r} ({t}): {name} '{given_kind[0]}' is compared as SQL casts "
+                                     f"it, which nbcc does not do; compare with a plain quoted value of the column's "
+                                     f"type ('{given_kind[0]}')")
     if pa.types.is_boolean(t) and any(v.lower() not in ("true", "false") for v in texts):
         raise InvalidOptionError(f"condition on {column!r}: {given!r} is not true or false")
     if pa.types.is_integer(t) and not all(re.fullmatch(r"[+-]?\d+", v.strip()) for v in texts):

@@ -38,6 +38,7 @@ import os
 import re
 import socket
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable
 
@@ -372,11 +373,11 @@ def initial_offset(storage: Storage, begin: str | None) -> str:
     latest = Timeline.load(storage).latest_completion() or BEFORE_ALL
     now = format_time(time.time_ns() // 1_000_000 + _FUTURE_SKEW_MS)
     if begin > max(latest, now):
+        now_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
         raise InvalidOptionError(
-            f"begin={text!r} ({begin}) is in the future: it is UTC {format_time(time.time_ns() // 1_000_000)} now, "
-            f"and the stream would skip every commit that completes before then. A time without a zone is "
-            "UTC: give the zone of a local time (2026-11-21T10:30:00+01:00), or begin=latest for the commits "
-            "that complete from now on")
+            f"begin={text!r} ({begin}) is in the future (it is {now_utc} now), and the stream would skip every "
+            "commit that completes before then. A time without a zone is UTC: if it is a local time, give its "
+            "zone (2026-11-21T10:30:00+01:00); for the commits that complete from now on, give begin=latest")
     return begin
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import logging
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -248,8 +249,10 @@ class Table:
         if isinstance(replace_where, str) and not replace_where.strip():
             raise InvalidOptionError("replaceWhere is empty; give a condition on partition columns")
         if isinstance(replace_where, str):
+            names = {n.lower(): n for n in schema.names}  # SQL resolves column names in any letter case
             try:
-                spec = [typed_condition(c, schema) for c in parse_predicate(replace_where)]
+                spec = [typed_condition((names.get(c[0].lower(), c[0]), *c[1:]), schema)
+                        for c in parse_predicate(replace_where)]
             except InvalidOptionError as exc:
                 raise InvalidOptionError(
                     f"replaceWhere {replace_where!r}: {exc}. It takes conditions on partition columns joined by "
@@ -279,9 +282,12 @@ class Table:
             try:  # a pyarrow expression naming another column fails here, not later
                 partition_values([], self.config.partition_by, schema).filter(expression)
             except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                missing = re.search(r"No match for FieldRef.Name\((.*?)\)", str(exc))
+                what = (f"column {missing[1]!r} is not a partition column ({list(self.config.partition_by)})"
+                        if missing else str(exc).splitlines()[0])
                 raise InvalidOptionError(
                     f"the filter cannot be applied to the partition columns {list(self.config.partition_by)} "
-                    f"alone (whole partitions are matched by their partition values): {str(exc).splitlines()[0]}"
+                    f"alone (whole partitions are matched by their partition values): {what}. {instead}"
                 ) from None
         return expression
 
