@@ -83,10 +83,10 @@ def open_write(self, rel):
 storage.Storage.open_write = open_write
 
 real_commit = commit.WriteTransaction.commit
-def commit_(self, files, extra=None):
+def commit_(self, files, extra=None, **more):
     if step == "after_files":
         stall(self.instant)
-    return real_commit(self, files, extra)
+    return real_commit(self, files, extra, **more)
 commit.WriteTransaction.commit = commit_
 
 def remove_pending_files(storage_, instant, action):  # runs once the completed file exists
