@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 import nbcc
-from nbcc.expr import parse_condition
+from nbcc.conditions import parse_condition
 from nbcc.filenames import make_token
 from nbcc.writer import prepare
 

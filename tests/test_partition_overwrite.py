@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 import nbcc
-from nbcc.expr import parse_predicate
+from nbcc.conditions import parse_predicate
 from nbcc.filenames import make_token
 from nbcc.writer import prepare
 

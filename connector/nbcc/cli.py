@@ -56,7 +56,7 @@ from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
 from .errors import InvalidOptionError, NbccError
-from .expr import parse_condition, typed_condition
+from .conditions import parse_condition, typed_condition
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
@@ -369,8 +369,15 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 _CONDITION_HELP = ("'COL OP VALUE' (OP: = == != <> < <= > >=), 'COL in V1,V2', 'COL not in V1,V2' or 'COL is "
                    "[not] null'; values in the column's type (dates 2026-11-20, timestamps 2026-11-20T10:00:00Z, "
-                   "UTC without a zone; true/false), quoted if they hold spaces or commas; as in SQL, a null "
+                   "UTC without a zone; true/false), quoted if they hold commas or quotes; as in SQL, a null "
                    "matches only 'is null'")
+
+
+def _add_conditions(parser: argparse.ArgumentParser, what: str, dry_run: str) -> None:
+    """The options of the commands that delete what matches: --where (repeatable), --dry-run."""
+    parser.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
+                        help=f"{what}: {_CONDITION_HELP}; repeat to require all")
+    parser.add_argument("--dry-run", action="store_true", help=dry_run)
 
 
 def _where(text: str) -> tuple[Any, ...]:
@@ -617,9 +624,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "delete commit of their keys. Records that a concurrent write makes match "
                                    "while it runs are kept. The deleted versions stay readable with as_of until "
                                    "a compaction and a clean pass them.")
-    p.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
-                   help=f"a condition: {_CONDITION_HELP}; repeat to require all")
-    p.add_argument("--dry-run", action="store_true", help="only print how many records would be deleted")
+    _add_conditions(p, "a condition", "only print how many records would be deleted")
     p.set_defaults(func=cmd_delete)
 
     p = sub.add_parser("delete-partitions", parents=[common], help="delete every row of the matching partitions",
@@ -627,10 +632,8 @@ def build_parser() -> argparse.ArgumentParser:
                                    "one commit that writes no files (a table's first raises its format version "
                                    "to 3). Writes to those partitions that complete later are kept. The old "
                                    "files stay readable with as_of until a clean deletes them.")
-    p.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
-                   help=f"a condition on a partition column: {_CONDITION_HELP} ('COL is null': the null "
-                        "partition); repeat to require all")
-    p.add_argument("--dry-run", action="store_true", help="only print the partitions that would be deleted")
+    _add_conditions(p, "a condition on a partition column ('COL is null': the null partition)",
+                    "only print the partitions that would be deleted")
     p.set_defaults(func=cmd_delete_partitions)
 
     p = sub.add_parser("index", parents=[common], help="build, drop or show the metadata table's partitions",

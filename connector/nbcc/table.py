@@ -48,7 +48,8 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from .expr import conjunction, parse_filter, parse_predicate, typed_condition
+from .conditions import parse_predicate, typed_condition
+from .expr import conjunction, parse_filter
 from .file_slices import FileSlice
 from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index

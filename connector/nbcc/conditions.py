@@ -1,0 +1,225 @@
+"""Conditions written as text, turned into filters that `expr.parse_filter` takes:
+
+- the command line's `--where` (`parse_condition`): `COL OP VALUE`, `COL in V1,V2`,
+  `COL not in V1,V2`, `COL is [not] null`, values as text (quotes optional);
+- Delta's `replaceWhere` SQL (`parse_predicate`): such conditions joined by AND, with SQL's
+  quoting, `IN (...)`, `BETWEEN`, and typed `DATE`/`TIMESTAMP` literals.
+
+`typed_condition` then puts the values in their column's type. Anything that SQL would read
+differently from how nbcc compares it is refused rather than guessed: a misread condition would
+delete, or replace, other partitions or records than the user meant.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import InvalidOptionError
+from .expr import OPERATOR_ALIASES, supported_type
+
+_CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != <> < <= > >=), COLUMN in V1,V2, COLUMN not in V1,V2 "
+                    "or COLUMN is [not] null")
+
+
+# One value of a list: quoted ('' or "" inside doubles the quote, as in SQL) or bare.
+_ITEM = re.compile(r"""\s*(?:'((?:[^']|'')*)'|"((?:[^"]|"")*)"|([^,'"]*?))\s*(,|$)""")
+
+
+def _values(text: str, single: bool = False) -> list[str]:
+    """The values of a condition's text: `V`, or a list `V1, 'V 2', (V3, V4)` (SQL's
+    parentheses optional); a bare value holding AND or OR is refused (one condition each)."""
+    text = text.strip()
+    if not single and text.startswith("(") and text.endswith(")"):
+        text = text[1:-1]
+    out: list[str] = []
+    pos = 0
+    while True:
+        m = _ITEM.match(text, pos)
+        bad = m is None or (single and m[4] == ",")
+        if not bad and m[3] is not None:
+            bad = m[3] == "" or re.search(r"\s(and|or)\s", f" {m[3]} ", re.IGNORECASE) is not None
+        if bad:
+            raise InvalidOptionError(
+                f"{text!r} is not {'a value' if single else 'a list of values V1,V2'}: quote a value that holds "
+                "commas, quotes or the word AND or OR ('a, b', 'it''s'); conditions are joined by AND (on "
+                "the command line, by repeating --where), and OR is not supported")
+        out.append(m[1].replace("''", "'") if m[1] is not None else m[2].replace('""', '"') if m[2] is not None
+                   else m[3])
+        pos = m.end()
+        if m[4] == "":
+            return out
+
+
+def parse_condition(text: str) -> tuple[Any, ...]:
+    """A condition as the command line takes it (`day < 2026-09-01`, `region in 'eu west',us`,
+    `day is null`): a filter tuple whose values are still text."""
+    m = re.fullmatch(r"\s*(\S+?)\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
+    if m:
+        return (m[1], "is_not_null" if m[2] else "is_null")
+    m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s*(\S.*?)\s*", text, re.IGNORECASE)
+    if m:
+        return (m[1], "in" if m[2].lower() == "in" else "not_in", _values(m[3]))
+    # An operator not followed by another operator character: `s >= ` is not `s > '='`.
+    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|<>|==|=|<|>)(?![<>=!])\s*(\S.*?)\s*", text)
+    if m:
+        return (m[1], {"<>": "!="}.get(m[2], OPERATOR_ALIASES.get(m[2], m[2])), _values(m[3], single=True)[0])
+    raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
+
+
+_LITERAL = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*\"""")
+_HOLE = re.compile(r"(?:\x00|\\x00)(\d+)(?:\x00|\\x00)")  # raw, or as repr shows it
+_SQL_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+class SqlNumber(str):
+    """An unquoted numeric literal of a replaceWhere condition (SQL compares it as a number)."""
+
+
+class SqlDate(str):
+    """A `DATE '...'` literal of a replaceWhere condition."""
+
+
+class SqlTimestamp(str):
+    """A `TIMESTAMP '...'` literal of a replaceWhere condition."""
+
+
+def _split_and(text: str) -> list[str]:
+    """`text` (its quoted literals masked) split at each AND outside parentheses."""
+    parts, depth, start, i = [], 0, 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif depth == 0 and text[i].isspace() and (m := re.match(r"\s+and\s+", text[i:], re.IGNORECASE)):
+            parts.append(text[start:i])
+            i += m.end()
+            start = i
+            continue
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def parse_predicate(text: str) -> list[tuple[Any, ...]]:
+    """A SQL condition of Delta's replaceWhere form, conditions joined by AND:
+    `day >= '2026-11-01' AND day < '2026-11-08'`, `region IN ('eu', 'us')`,
+    `day BETWEEN DATE '2026-11-01' AND DATE '2026-11-07'`, `d IS NULL`: filter tuples whose
+    values are still text (see `typed_condition`; an unquoted number is a `SqlNumber`). OR and
+    NOT (but NOT IN) are refused, and so is any value that is neither a quoted literal, a number
+    nor true/false (a column, a function, NULL, arithmetic): read as text, it would match other
+    partitions than SQL's."""
+    literals: list[str] = []
+
+    def hole(m: re.Match) -> str:
+        literals.append(m[0])
+        return f"\x00{len(literals) - 1}\x00"
+
+    # Keywords are looked for only outside quoted literals: 'by date' is no DATE literal.
+    body = _LITERAL.sub(hole, text.strip())
+    if "'" in body or '"' in body:
+        raise InvalidOptionError(f"{text!r} has an unbalanced quote")
+    typed_literals: dict[int, type] = {}  # literal -> its SQL type, for those given one
+
+    def typed_literal(m: re.Match) -> str:
+        typed_literals[int(m[2])] = SqlDate if m[1].lower() == "date" else SqlTimestamp
+        return f"\x00{m[2]}\x00"
+
+    body = re.sub(r"\b(date|timestamp|timestamp_ntz)\s*\x00(\d+)\x00", typed_literal, body, flags=re.IGNORECASE)
+    between = re.compile(r"(\S+)\s+between\s+(\S+)\s+and\s+(\S+)", re.IGNORECASE)
+    body = between.sub(r"\1 >= \2 AND \1 <= \3", body)
+    conditions = []
+    for part in _split_and(body):
+        part = part.strip()
+        while part.startswith("(") and part.endswith(")") and _split_and(part[1:-1]) == [part[1:-1]]:
+            part = part[1:-1].strip()
+        if re.match(r"not\s", part, re.IGNORECASE):
+            part = _HOLE.sub(lambda m: literals[int(m[1])], part)
+            raise InvalidOptionError(f"{part!r}: NOT is not supported here (NOT IN and != are); give conditions "
+                                     "joined by AND")
+        try:
+            shape = parse_condition(part)  # values still masked: which were quoted
+        except InvalidOptionError:
+            raise InvalidOptionError(
+                f"{_HOLE.sub(lambda m: literals[int(m[1])], part)!r} is not a condition it can read (COLUMN OP "
+                "'literal', COLUMN [NOT] IN ('a', 'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL; OR, LIKE and "
+                "functions are not supported)") from None
+        if not re.fullmatch(r"`[^`]+`|[A-Za-z_][A-Za-z0-9_]*", shape[0]):
+            raise InvalidOptionError(f"{_HOLE.sub(lambda m: literals[int(m[1])], shape[0])!r} is not a column name: "
+                                     "functions and expressions are not supported, only a partition column")
+        column, *rest = parse_condition(_HOLE.sub(lambda m: literals[int(m[1])], part))
+        if len(rest) == 2:
+            masked = shape[2] if isinstance(shape[2], list) else [shape[2]]
+            values = rest[1] if isinstance(rest[1], list) else [rest[1]]
+            typed = []
+            for m, v in zip(masked, values):
+                if _HOLE.fullmatch(m):
+                    kind = typed_literals.get(int(_HOLE.fullmatch(m)[1]))
+                    typed.append(kind(v) if kind else v)
+                elif _SQL_NUMBER.fullmatch(m):
+                    typed.append(SqlNumber(v))
+                elif m.lower() in ("true", "false"):
+                    typed.append(v)
+                else:
+                    raise InvalidOptionError(
+                        f"{_HOLE.sub(lambda x: literals[int(x[1])], m)!r} is not a literal: quote a string or "
+                        "date ('2026-11-01'); a column, a function, NULL (use IS NULL) or arithmetic is not "
+                        "supported")
+            rest[1] = typed if isinstance(rest[1], list) else typed[0]
+        conditions.append((column.strip("`"), *rest))
+    return conditions
+
+
+def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...] | pc.Expression:
+    """`parse_condition`'s tuple with its text values in the column's type: a filter tuple for
+    the types the tuple form takes (integers, strings, dates, booleans), else a pyarrow
+    expression (timestamps, decimals, floats). A column not in `schema` is left for
+    `parse_filter` to report."""
+    if len(item) < 3 or item[0] not in schema.names:
+        return item
+    column, op, given = item
+    t = schema.field(column).type
+    texts = given if isinstance(given, list) else [given]
+    numbers = [v for v in texts if isinstance(v, SqlNumber)]
+    if numbers and (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_temporal(t)):
+        raise InvalidOptionError(f"condition on {column!r} ({t}): {numbers[0]} is a number, which SQL compares "
+                                 f"numerically; quote it ('{numbers[0]}') to compare it as a {t} value")
+    # A DATE or TIMESTAMP literal compared with a column of another type is compared as SQL casts
+    # them (a string as a date, '2026-11-7' included), not as nbcc would compare text: refused.
+    for kind, fits, name in ((SqlDate, pa.types.is_date, "DATE"), (SqlTimestamp, pa.types.is_timestamp, "TIMESTAMP")):
+        given_kind = [v for v in texts if isinstance(v, kind)]
+        if given_kind and not fits(t):
+            raise InvalidOptionError(f"condition on {column!r} ({t}): {name} '{given_kind[0]}' is compared as SQL casts "
+                                     f"it, which nbcc does not do; compare with a plain quoted value of the column's "
+                                     f"type ('{given_kind[0]}')")
+    if pa.types.is_boolean(t) and any(v.lower() not in ("true", "false") for v in texts):
+        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not true or false")
+    if pa.types.is_integer(t) and not all(re.fullmatch(r"[+-]?\d+", v.strip()) for v in texts):
+        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not an integer")
+    if supported_type(t):
+        def value(v: str) -> Any:
+            return int(v) if pa.types.is_integer(t) else v.lower() == "true" if pa.types.is_boolean(t) else v
+        return (column, op, [value(v) for v in given] if isinstance(given, list) else value(given))
+    try:
+        try:
+            values = pc.cast(pa.array(texts, pa.string()), t)
+        except pa.ArrowInvalid:
+            if not pa.types.is_timestamp(t):
+                raise
+            # A time without a zone is UTC, as the `as_of` option's; one with a zone, compared
+            # with a column without one (Spark's TIMESTAMP_NTZ), is taken at its UTC wall time.
+            other = pa.timestamp(t.unit) if t.tz else pa.timestamp(t.unit, "UTC")
+            values = pc.cast(pc.cast(pa.array(texts, pa.string()), other), t)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not a {t} value ({exc})") from None
+    f = pc.field(column)
+    if op in ("in", "not_in"):
+        found = f.isin(values)
+        return found if op == "in" else ~found & f.is_valid()  # SQL: a null is not NOT IN
+    return {"=": f == values[0], "!=": f != values[0], "<": f < values[0], "<=": f <= values[0],
+            ">": f > values[0], ">=": f >= values[0]}[op]
