@@ -526,6 +526,8 @@ def test_replace_where_replaces_the_matching_partitions_rows_or_not(tmp_path):
     ("day != NULL", "'NULL' is not a literal"),
     ("day = other_column", "'other_column' is not a literal"),
     ("day = 'd1", "unbalanced quote"),
+    ("day = true", "is a boolean, which SQL compares as one"),
+    (r"day = \x000\x00 AND day = 'd1'", r"'\\\\x000\\\\x00' is not a literal"),  # no other literal taken for it
 ])
 def test_a_bad_replace_where_is_refused_and_nothing_is_written(tmp_path, where, problem):
     table = new_table(str(tmp_path / "t"))
@@ -553,6 +555,8 @@ def test_replace_where_goes_with_overwrite_and_a_partitioned_table_only(tmp_path
     flat = new_table(str(tmp_path / "flat"), partition_by=None)
     for call, problem in [
         (lambda: table.write(batch([0], 1, "n"), replace_where="day = 'd1'"), "goes with mode overwrite"),
+        (lambda: table.write(batch([0], 1, "n").select(["day"]), operation="delete_partition",
+                             replace_where="day = 'd9'"), "goes with mode overwrite"),
         (lambda: table.write(batch([0], 1, "n"), mode="overwrite", partition_overwrite_mode="dynamic",
                              replace_where="day = 'd1'"), "give either replaceWhere"),
         (lambda: flat.write(batch([0], 1, "n"), mode="overwrite", replace_where="day = 'd1'"),

@@ -176,6 +176,12 @@ def test_replace_where_replaces_the_matching_partitions_and_every_row_must_match
     with pytest.raises(Exception, match=r"filter column\(s\) \['v'\] are not partition columns"):
         new.write.format("nbcc").mode("overwrite").option("replaceWhere", "v = 'n'").save(uri)
     assert len(nbcc.Table.open(uri).timeline()) == len(timeline) + 1
+    # A condition it cannot read is refused before a first write creates the table.
+    fresh = os.path.join(os.path.dirname(uri), "fresh")
+    with pytest.raises(Exception, match="is not a condition it can read .*replaceWhere takes conditions"):
+        new.write.format("nbcc").mode("overwrite").option("record_key", "id").option("partition_by", "day") \
+            .option("replaceWhere", "day = 'd1' OR day = 'd2'").save(fresh)
+    assert not os.path.exists(fresh)
 
 
 def test_operation_delete_partition_deletes_the_partitions_of_the_rows_and_needs_a_table(spark, local_table, tmp_path):

@@ -55,13 +55,13 @@ from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
-from .errors import InvalidOptionError, NbccError
 from .conditions import parse_condition, typed_condition
+from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
-from .storage_options import check_storage_options
 from .scan import read_task
+from .storage_options import check_storage_options
 from .table import Table
 from .timeline import (
     COMPACTION,

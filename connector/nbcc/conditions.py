@@ -71,12 +71,16 @@ def parse_condition(text: str) -> tuple[Any, ...]:
 
 
 _LITERAL = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*\"""")
-_HOLE = re.compile(r"(?:\x00|\\x00)(\d+)(?:\x00|\\x00)")  # raw, or as repr shows it
+_HOLE = re.compile(r"\x00(\d+)\x00")
 _SQL_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
 class SqlNumber(str):
     """An unquoted numeric literal of a replaceWhere condition (SQL compares it as a number)."""
+
+
+class SqlBoolean(str):
+    """An unquoted true or false of a replaceWhere condition (SQL casts a string column to it)."""
 
 
 class SqlDate(str):
@@ -120,6 +124,9 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
         literals.append(m[0])
         return f"\x00{len(literals) - 1}\x00"
 
+    def unmasked(masked: str) -> str:
+        return _HOLE.sub(lambda m: literals[int(m[1])], masked)
+
     # Keywords are looked for only outside quoted literals: 'by date' is no DATE literal.
     body = _LITERAL.sub(hole, text.strip())
     if "'" in body or '"' in body:
@@ -130,6 +137,20 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
         typed_literals[int(m[2])] = SqlDate if m[1].lower() == "date" else SqlTimestamp
         return f"\x00{m[2]}\x00"
 
+    def value(masked: str) -> str:
+        """A value of the masked text: its literal unquoted (and typed), or a number or boolean."""
+        if m := _HOLE.fullmatch(masked):
+            quoted = literals[int(m[1])]
+            kind = typed_literals.get(int(m[1]), str)
+            return kind(quoted[1:-1].replace(quoted[0] * 2, quoted[0]))
+        if _SQL_NUMBER.fullmatch(masked):
+            return SqlNumber(masked)
+        if masked.lower() in ("true", "false"):
+            return SqlBoolean(masked)
+        raise InvalidOptionError(
+            f"{unmasked(masked)!r} is not a literal: quote a string or date ('2026-11-01'); a column, a "
+            "function, NULL (use IS NULL) or arithmetic is not supported")
+
     body = re.sub(r"\b(date|timestamp|timestamp_ntz)\s*\x00(\d+)\x00", typed_literal, body, flags=re.IGNORECASE)
     between = re.compile(r"(\S+)\s+between\s+(\S+)\s+and\s+(\S+)", re.IGNORECASE)
     body = between.sub(r"\1 >= \2 AND \1 <= \3", body)
@@ -139,38 +160,20 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
         while part.startswith("(") and part.endswith(")") and _split_and(part[1:-1]) == [part[1:-1]]:
             part = part[1:-1].strip()
         if re.match(r"not\s", part, re.IGNORECASE):
-            part = _HOLE.sub(lambda m: literals[int(m[1])], part)
-            raise InvalidOptionError(f"{part!r}: NOT is not supported here (NOT IN and != are); give conditions "
-                                     "joined by AND")
+            raise InvalidOptionError(f"{unmasked(part)!r}: NOT is not supported here (NOT IN and != are); give "
+                                     "conditions joined by AND")
         try:
-            shape = parse_condition(part)  # values still masked: which were quoted
+            column, *rest = parse_condition(part)  # literals still masked: which values were quoted
         except InvalidOptionError:
             raise InvalidOptionError(
-                f"{_HOLE.sub(lambda m: literals[int(m[1])], part)!r} is not a condition it can read (COLUMN OP "
-                "'literal', COLUMN [NOT] IN ('a', 'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL; OR, LIKE and "
-                "functions are not supported)") from None
-        if not re.fullmatch(r"`[^`]+`|[A-Za-z_][A-Za-z0-9_]*", shape[0]):
-            raise InvalidOptionError(f"{_HOLE.sub(lambda m: literals[int(m[1])], shape[0])!r} is not a column name: "
-                                     "functions and expressions are not supported, only a partition column")
-        column, *rest = parse_condition(_HOLE.sub(lambda m: literals[int(m[1])], part))
+                f"{unmasked(part)!r} is not a condition it can read (COLUMN OP 'literal', COLUMN [NOT] IN ('a', "
+                "'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL; OR, LIKE and functions are not "
+                "supported)") from None
+        if not re.fullmatch(r"`[^`]+`|[A-Za-z_][A-Za-z0-9_]*", column):
+            raise InvalidOptionError(f"{unmasked(column)!r} is not a column name: functions and expressions are "
+                                     "not supported, only a partition column")
         if len(rest) == 2:
-            masked = shape[2] if isinstance(shape[2], list) else [shape[2]]
-            values = rest[1] if isinstance(rest[1], list) else [rest[1]]
-            typed = []
-            for m, v in zip(masked, values):
-                if _HOLE.fullmatch(m):
-                    kind = typed_literals.get(int(_HOLE.fullmatch(m)[1]))
-                    typed.append(kind(v) if kind else v)
-                elif _SQL_NUMBER.fullmatch(m):
-                    typed.append(SqlNumber(v))
-                elif m.lower() in ("true", "false"):
-                    typed.append(v)
-                else:
-                    raise InvalidOptionError(
-                        f"{_HOLE.sub(lambda x: literals[int(x[1])], m)!r} is not a literal: quote a string or "
-                        "date ('2026-11-01'); a column, a function, NULL (use IS NULL) or arithmetic is not "
-                        "supported")
-            rest[1] = typed if isinstance(rest[1], list) else typed[0]
+            rest[1] = [value(v) for v in rest[1]] if isinstance(rest[1], list) else value(rest[1])
         conditions.append((column.strip("`"), *rest))
     return conditions
 
@@ -189,6 +192,9 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
     if numbers and (pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_temporal(t)):
         raise InvalidOptionError(f"condition on {column!r} ({t}): {numbers[0]} is a number, which SQL compares "
                                  f"numerically; quote it ('{numbers[0]}') to compare it as a {t} value")
+    if not pa.types.is_boolean(t) and any(isinstance(v, SqlBoolean) for v in texts):
+        raise InvalidOptionError(f"condition on {column!r} ({t}): {given!r} is a boolean, which SQL compares as "
+                                 f"one (casting the column); quote it to compare it as a {t} value")
     # A DATE or TIMESTAMP literal compared with a column of another type is compared as SQL casts
     # them (a string as a date, '2026-11-7' included), not as nbcc would compare text: refused.
     for kind, fits, name in ((SqlDate, pa.types.is_date, "DATE"), (SqlTimestamp, pa.types.is_timestamp, "TIMESTAMP")):
@@ -223,3 +229,14 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
         return found if op == "in" else ~found & f.is_valid()  # SQL: a null is not NOT IN
     return {"=": f == values[0], "!=": f != values[0], "<": f < values[0], "<=": f <= values[0],
             ">": f > values[0], ">=": f >= values[0]}[op]
+
+
+def parse_replace_where(text: str) -> list[tuple[Any, ...]]:
+    """`parse_predicate` of a replaceWhere option, its errors saying what the option takes (the
+    Spark connector checks the text before a first write creates the table)."""
+    try:
+        return parse_predicate(text)
+    except InvalidOptionError as exc:
+        raise InvalidOptionError(
+            f"{exc}. replaceWhere takes conditions on partition columns joined by AND: = != <> < <= > >= "
+            "IN NOT IN BETWEEN IS [NOT] NULL") from None

@@ -23,8 +23,9 @@ FORMAT_VERSION = 1  # what a table is created with
 # table instead of reading, or compacting, the replaced partitions' old rows back.
 PARTITION_REPLACE_VERSION = 2
 # Version 3 adds the commit metadata field `replaced_partitions` of `replacepartitions`: a
-# partition deletion replaces partitions it writes no file to, which a version-2 reader (scope =
-# the commit's files) would leave as they were. A table's first partition deletion raises it.
+# partition deletion or a replaceWhere replaces partitions it writes no file to, which a
+# version-2 reader (scope = the commit's files) would leave as they were. A table's first such
+# write raises it.
 PARTITION_DELETE_VERSION = 3
 READ_FORMAT_VERSIONS = (1, 2, 3)
 TABLE_CONFIG_PATH = ".nbcc/table.json"

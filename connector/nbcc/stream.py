@@ -358,9 +358,13 @@ def prune_claims(storage: Storage, stream_id: str, batch_id: int, keep: int = KE
 
 # -- reading -----------------------------------------------------------------------------------
 
+_FUTURE_SKEW_MS = 5 * 60 * 1000  # how far ahead of this machine's clock a begin may be
+
+
 def initial_offset(storage: Storage, begin: str | None) -> str:
     """The offset (a completion time) a new stream starts after: `earliest` (default) is before
-    every commit, `latest` is the latest data commit's completion, else the time given."""
+    every commit, `latest` is the latest data commit's completion, else the time given (refused
+    if it is in the future: after every commit and past this machine's clock)."""
     text = (begin or EARLIEST).strip()
     if text.lower() == EARLIEST:
         return BEFORE_ALL
@@ -380,8 +384,6 @@ def initial_offset(storage: Storage, begin: str | None) -> str:
             "zone (2026-11-21T10:30:00+01:00); for the commits that complete from now on, give begin=latest")
     return begin
 
-
-_FUTURE_SKEW_MS = 5 * 60 * 1000  # how far ahead of this machine's clock a begin may be
 
 
 def latest_data_completion(storage: Storage) -> str:

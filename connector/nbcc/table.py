@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 import logging
+import re
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -48,7 +48,7 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from .conditions import parse_predicate, typed_condition
+from .conditions import parse_replace_where, typed_condition
 from .expr import conjunction, parse_filter
 from .file_slices import FileSlice
 from .filenames import LogFile, make_token, parse_data_file
@@ -253,11 +253,9 @@ class Table:
             names = {n.lower(): n for n in schema.names}  # SQL resolves column names in any letter case
             try:
                 spec = [typed_condition((names.get(c[0].lower(), c[0]), *c[1:]), schema)
-                        for c in parse_predicate(replace_where)]
+                        for c in parse_replace_where(replace_where)]
             except InvalidOptionError as exc:
-                raise InvalidOptionError(
-                    f"replaceWhere {replace_where!r}: {exc}. It takes conditions on partition columns joined by "
-                    "AND: = != <> < <= > >= IN NOT IN BETWEEN IS [NOT] NULL") from None
+                raise InvalidOptionError(f"replaceWhere: {exc}") from None
         else:
             spec = replace_where if isinstance(replace_where, list) else [replace_where]
         if not spec:
@@ -355,7 +353,7 @@ class Table:
             return instant
 
         if operation == DELETE_PARTITION:
-            txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite")
+            txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite", replace_where=replace_where)
             found: set[str] = set()
             for rows in coalesced(pieces):  # every bad row is found before the instant begins
                 found |= partitions_named(rows, self.config, txn.schema)
@@ -593,8 +591,8 @@ class Table:
                 "one completed")
         groups = (read_task(self.storage, plan, task) for task in plan.tasks)
         # An overwrite to readers; the timeline shows what it restored (Delta's history: RESTORE).
-        return self._write(plan.output_schema, groups, UPSERT, "overwrite", STATIC, None, None, False,
-                           by_file_group=True,
+        return self._write(plan.output_schema, groups, UPSERT, "overwrite", STATIC, max_log_file_bytes=None,
+                           compaction_delta_commits=None, compaction_inline=False, by_file_group=True,
                            commit_extra={"operation": "restore", "restored_as_of": plan.options.as_of})
 
     def delete(self, filter: Any) -> str | None:
@@ -605,7 +603,7 @@ class Table:
         value, so they win over every version written before them (README: merge modes),
         including that of a concurrent write that began before this delete and completes after
         it, whether or not it still matches. Reads one file group at a time; memory holds one
-        file group's matching keys."""
+        file group's matching rows."""
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete needs a filter, e.g. [('status', '=', 'test')]; to delete every row, "
                                      "overwrite the table with no rows")
@@ -616,8 +614,9 @@ class Table:
         first = next(groups, None)
         if first is None:
             return None
-        return self._write(first.schema, itertools.chain([first], groups), DELETE, "append", STATIC, None, None,
-                           False, by_file_group=True)
+        return self._write(first.schema, itertools.chain([first], groups), DELETE, "append", STATIC,
+                           max_log_file_bytes=None, compaction_delta_commits=None, compaction_inline=False,
+                           by_file_group=True)
 
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""

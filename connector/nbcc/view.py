@@ -104,16 +104,17 @@ def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of:
 
 def replaced_partitions(storage: Storage, completed: Iterable[Instant], metas: Mapping[str, Mapping[str, Any]],
                         index: MetadataIndex | None) -> dict[str, frozenset[str]]:
-    """The partitions each dynamic partition overwrite or partition deletion among `completed`
-    replaced: those its commit names, and those it wrote files to. From its completed file even where the metadata table gave `metas`:
-    the metadata table drops the entries of cleaned files, and an overwrite whose files were
-    compacted and then cleaned still replaced its partitions (format.md §18.5)."""
+    """The partitions each `replacepartitions` among `completed` (a dynamic overwrite, a
+    replaceWhere, a partition deletion) replaced: those its commit names, and those it wrote
+    files to. From its completed file even where the metadata table gave `metas`: the metadata
+    table drops the entries of cleaned files, and an overwrite whose files were compacted and
+    then cleaned still replaced its partitions (format.md §18.5)."""
     dynamic = [i for i in completed if i.action == REPLACE_PARTITIONS]
     if not dynamic:
         return {}
     if index is not None and index.has(FILES):
         metas = read_commit_metadatas(storage, dynamic)  # cached: a commit file never changes
-    # Version 3 names them (a partition deletion writes no file); a version-2 commit, by its files.
+    # Version 3 names them (a deletion writes no file); a version-2 commit, by its files.
     return {i.instant: frozenset(f["partition"] for f in metas[i.instant]["files"])
             .union(metas[i.instant].get("replaced_partitions", ())) for i in dynamic}
 

@@ -57,6 +57,7 @@ from nbcc.config import (
     parse_options,
     parse_table_options,
 )
+from nbcc.conditions import parse_replace_where
 from nbcc.errors import InvalidOptionError, SchemaError, TableNotFoundError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
@@ -277,6 +278,8 @@ class DefaultSource(DataSource):
         partition_overwrite_mode = options.pop(PARTITION_OVERWRITE_MODE, STATIC)
         replace_where = options.pop(REPLACE_WHERE, None)
         check_replace_where(replace_where, overwrite, check_partition_overwrite_mode(partition_overwrite_mode))
+        if replace_where is not None:
+            parse_replace_where(replace_where)  # its syntax, before a first write creates the table
         table, arrow_schema, operation, max_bytes, trigger = open_for_write(
             uri, options, storage_options, schema, overwrite)
         replace = table.replace_filter(replace_where) if replace_where is not None else None
