@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
@@ -26,6 +27,7 @@ from .config import (
     DELETE,
     DELETE_PARTITION,
     DYNAMIC,
+    FORMAT_VERSION,
     PARTITION_DELETE_VERSION,
     PARTITION_OVERWRITE_MODE,
     PARTITION_REPLACE_VERSION,
@@ -76,6 +78,22 @@ Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatc
 
 
 log = logging.getLogger(__name__)
+
+_NOTHING_TO_DELETE = "it has no partitions to delete; to delete every row, overwrite it with no rows"
+
+
+@dataclass(frozen=True)
+class ReplaceWhere:
+    """A replaceWhere condition, checked (`Table.replace_filter`): as given (for messages), as a
+    filter (which partitions it replaces, at commit) and as one expression (which rows match)."""
+
+    given: Any
+    filter: list[Any]
+    condition: pc.Expression
+
+    def check(self, rows: pa.Table, partition_by: Sequence[str]) -> None:
+        """Every row written must match (SchemaError otherwise)."""
+        check_rows_match(rows, partition_by, self.condition, self.given)
 
 
 def _file_in_the_way(storage: Storage) -> str:
@@ -202,7 +220,7 @@ class Table:
         check_replace_where(replace_where, overwrite, partition_overwrite_mode)
         current = self.schema()
         if operation == DELETE_PARTITION:
-            self._check_partitioned("it has no partitions to delete; to delete every row, overwrite it with no rows")
+            self._check_partitioned(_NOTHING_TO_DELETE)
             missing = [c for c in self.config.partition_by if c not in incoming_schema.names]
             if missing:
                 raise InvalidOptionError(f"operation=delete_partition: the data lacks partition column(s) {missing}; "
@@ -225,22 +243,23 @@ class Table:
                 "which version of a record wins (deletes may leave it out)"
             )
         new_schema = evolve_schema(current, incoming_schema, delete=operation == DELETE)
-        action, version = DELTA_COMMIT, None
+        action, version = DELTA_COMMIT, FORMAT_VERSION
         if replace_where is not None:
-            self.replace_filter(replace_where, new_schema)  # refused before anything is written
+            if not isinstance(replace_where, ReplaceWhere):
+                self.replace_filter(replace_where, new_schema)  # refused before anything is written
             # It names partitions it may write no file to (§8): version 3.
             action, version = REPLACE_PARTITIONS, PARTITION_DELETE_VERSION
         elif overwrite:
             dynamic = partition_overwrite_mode == DYNAMIC and self.config.partition_by
             action = REPLACE_PARTITIONS if dynamic else REPLACE_COMMIT
-            version = PARTITION_REPLACE_VERSION if dynamic else None
+            version = PARTITION_REPLACE_VERSION if dynamic else FORMAT_VERSION
         return WriteTransaction(
             self.storage, self.clock, action, "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
-            partition_depth=len(self.config.partition_by), **({"format_version": version} if version else {}),
+            partition_depth=len(self.config.partition_by), format_version=version,
         )
 
-    def replace_filter(self, replace_where: Any, schema: pa.Schema | None = None) -> list[Any]:
+    def replace_filter(self, replace_where: Any, schema: pa.Schema | None = None) -> "ReplaceWhere":
         """A replaceWhere condition as a filter on partition columns (InvalidOptionError if it
         is not one): SQL text in Delta's form (`day >= '2026-11-01' AND day < '2026-11-08'`,
         `region IN ('eu', 'us')`, BETWEEN, IS NULL), or a filter as `read` takes."""
@@ -260,10 +279,10 @@ class Table:
             spec = replace_where if isinstance(replace_where, list) else [replace_where]
         if not spec:
             raise InvalidOptionError("replaceWhere is empty; give a condition on partition columns")
-        self.partition_condition(spec, schema, "replaceWhere replaces whole partitions; to replace the rows that "
-                                             "match a condition on other columns, delete them (Table.delete, "
-                                             "`nbcc delete`) and append the new rows")
-        return spec
+        condition = self.partition_condition(spec, schema, "replaceWhere replaces whole partitions; to replace the "
+                                                       "rows that match a condition on other columns, delete them "
+                                                       "(Table.delete, `nbcc delete`) and append the new rows")
+        return ReplaceWhere(replace_where, spec, condition)
 
     def partition_condition(self, spec: Any, schema: pa.Schema,
                           instead: str = "To delete the records that match a condition on other columns, use "
@@ -354,14 +373,9 @@ class Table:
 
         if operation == DELETE_PARTITION:
             txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite", replace_where=replace_where)
-            found: set[str] = set()
-            for rows in coalesced(pieces):  # every bad row is found before the instant begins
-                found |= partitions_named(rows, self.config, txn.schema)
+            found = partitions_named(pieces, self.config, txn.schema)  # every bad row, before the instant begins
             return compact_if_due(self._commit_deletion(txn, found)) if found else None
-        replace = condition = None
-        if replace_where is not None:
-            replace = self.replace_filter(replace_where)
-            condition = self.partition_condition(replace, self.schema())
+        replace = self.replace_filter(replace_where) if replace_where is not None else None
 
         def check_all(table_schema: pa.Schema) -> None:
             # A bad table writes nothing at all: its rows are checked and converted before the
@@ -370,8 +384,8 @@ class Table:
             # costs nothing for columns already of the table's types.
             for rows in coalesced(check_first.to_batches()):
                 converted = check_rows(rows, self.config, table_schema, operation)
-                if condition is not None:
-                    check_rows_match(converted, self.config.partition_by, condition, replace_where)
+                if replace is not None:
+                    replace.check(converted, self.config.partition_by)
 
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
                                check_first=check_all if check_first is not None else None,
@@ -383,8 +397,8 @@ class Table:
                 try:
                     for rows in (pieces if by_file_group else coalesced(pieces)):
                         prepared = prepare(rows, self.config, txn.schema, operation)
-                        if condition is not None:
-                            check_rows_match(prepared, self.config.partition_by, condition, replace_where)
+                        if replace is not None:
+                            replace.check(prepared, self.config.partition_by)
                         writer.write(prepared)
                         if by_file_group:
                             writer.close_open_files()
@@ -393,7 +407,7 @@ class Table:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)
                     raise
                 # replaceWhere names the partitions that match it as of now (§8).
-                txn.commit(files, commit_extra, partitions=self.partitions(replace) if replace else ())
+                txn.commit(files, commit_extra, partitions=self.partitions(replace.filter) if replace else ())
         except BaseException as failure:
             # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
             # once its heartbeat expires (a commit that completed is never rolled back). Not when
@@ -424,7 +438,7 @@ class Table:
         unpartitioned table has none."""
         if not self.config.partition_by:
             if filter is not None:
-                self._check_partitioned("it has no partitions to delete; to delete every row, overwrite it with no rows")
+                self._check_partitioned(_NOTHING_TO_DELETE)
             return []
         view = self._view(None)
         paths = sorted({partition for partition, _ in slices_by_group(self.storage, view)})
@@ -440,7 +454,7 @@ class Table:
         no files (Hudi's delete_partition); returns its instant, or None if no partition matched
         (nothing is written). Writes to those partitions that complete after it are kept. The old
         files stay readable with `as_of` until a clean deletes them."""
-        self._check_partitioned("it has no partitions to delete; to delete every row, overwrite it with no rows")
+        self._check_partitioned(_NOTHING_TO_DELETE)
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete_partitions needs a filter on partition columns, e.g. "
                                      "[('day', '<', '2026-09-01')]; to delete every row, overwrite the table "

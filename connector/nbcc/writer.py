@@ -241,12 +241,18 @@ def prepare(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema:
                 .cast(_prepared_schema(table_schema)))
 
 
-def partitions_named(batch: pa.RecordBatch | pa.Table, config: TableConfig, table_schema: pa.Schema) -> set[str]:
+def partitions_named(batches: Iterable[pa.RecordBatch | pa.Table], config: TableConfig,
+                     table_schema: pa.Schema) -> set[str]:
     """The partitions a partition deletion's rows name: their partition columns' values, in the
     table's types (SchemaError if they do not fit); the rows' other columns are ignored."""
     columns = pa.schema([table_schema.field(c) for c in config.partition_by])
-    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
-    rows = conform(table.select(columns.names), columns)
+    found: set[str] = set()
+    for rows in coalesced(batches):
+        found |= _partitions_of(conform(rows.select(columns.names), columns), config)
+    return found
+
+
+def _partitions_of(rows: pa.Table, config: TableConfig) -> set[str]:
     for name in config.partition_by:  # a string naming the null folder would delete the null partition
         col = rows.column(name)
         if (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) \

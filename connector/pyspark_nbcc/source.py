@@ -40,6 +40,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
 
 from nbcc import Table
+from nbcc.table import ReplaceWhere
 from nbcc.commit import WriteTransaction
 from nbcc.compaction import maybe_compact
 from nbcc.config import (
@@ -76,7 +77,7 @@ from nbcc.scan import (
 )
 from nbcc.schema import null_array, nullable_schema
 from nbcc.storage import Storage
-from nbcc.writer import LogWriter, check_rows_match, coalesced, partitions_named, prepare
+from nbcc.writer import LogWriter, coalesced, partitions_named, prepare
 
 log = logging.getLogger(__name__)
 
@@ -285,9 +286,7 @@ class DefaultSource(DataSource):
         replace = table.replace_filter(replace_where) if replace_where is not None else None
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite,
                                 partition_overwrite_mode=partition_overwrite_mode, replace_where=replace)
-        condition = table.partition_condition(replace, txn.schema) if replace is not None else None
-        return NbccWriter(table.storage, table.config, txn, max_bytes, trigger,
-                          (replace_where, replace, condition) if replace is not None else None)
+        return NbccWriter(table.storage, table.config, txn, max_bytes, trigger, replace)
 
     def streamWriter(self, schema: StructType, overwrite: bool):
         """`df.writeStream.format("nbcc").start(uri)`: one commit per micro-batch (streaming.py)."""
@@ -493,22 +492,19 @@ class NbccCommitMessage(WriterCommitMessage):
 class NbccWriter(DataSourceArrowWriter):
     def __init__(self, storage: Storage, config: TableConfig, txn: WriteTransaction,
                  max_log_file_bytes: int | None, compaction_trigger: tuple[int | None, bool] = (None, False),
-                 replace_where: tuple[str, list[Any], Any] | None = None):
+                 replace_where: ReplaceWhere | None = None):
         self.storage = storage
         self.config = config
         self.txn = txn
         self.max_log_file_bytes = max_log_file_bytes
         self.compaction_trigger = compaction_trigger
-        self.replace_where = replace_where  # (its text, its filter, its condition): rows are checked
+        self.replace_where = replace_where  # its rows are checked, its partitions named at commit
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> NbccCommitMessage:
         from pyspark import TaskContext
 
         if self.txn.operation == DELETE_PARTITION:  # names partitions, writes no file
-            found: set[str] = set()
-            for rows in coalesced(iterator):
-                found |= partitions_named(rows, self.config, self.txn.schema)
-            return NbccCommitMessage(partitions=sorted(found))
+            return NbccCommitMessage(partitions=sorted(partitions_named(iterator, self.config, self.txn.schema)))
         ctx = TaskContext.get()
         token = make_token(ctx.partitionId(), ctx.stageId(), ctx.attemptNumber()) if ctx else make_token(0, 0, 0)
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
@@ -520,8 +516,7 @@ class NbccWriter(DataSourceArrowWriter):
                 for rows in coalesced(iterator):
                     prepared = prepare(rows, self.config, self.txn.schema, self.txn.operation)
                     if self.replace_where is not None:
-                        text, _, condition = self.replace_where
-                        check_rows_match(prepared, self.config.partition_by, condition, text)
+                        self.replace_where.check(prepared, self.config.partition_by)
                     writer.write(prepared)
                 files = writer.close()
         except BaseException:
@@ -532,7 +527,7 @@ class NbccWriter(DataSourceArrowWriter):
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         partitions = [p for m in messages if m is not None for p in m.partitions]
         if self.replace_where is not None:  # the partitions that match it as of now (format.md §8)
-            partitions += Table(self.storage, self.config).partitions(self.replace_where[1])
+            partitions += Table(self.storage, self.config).partitions(self.replace_where.filter)
         self.txn.commit([f for m in messages if m is not None for f in m.files], partitions=partitions)
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
