@@ -295,8 +295,11 @@ class DefaultSource(DataSource):
 
     def streamReader(self, schema: StructType):
         """`spark.readStream.format("nbcc").load(uri)`: offsets are completion times (streaming.py)."""
-        from .streaming import stream_reader
-        return stream_reader(self.options, schema, getattr(self, "_own_schema", None))
+        from .streaming import RefusedStreamReader, stream_reader
+        try:
+            return stream_reader(self.options, schema, getattr(self, "_own_schema", None))
+        except Exception as exc:  # noqa: BLE001 - raised at Spark's first call (RefusedStreamReader)
+            return RefusedStreamReader(exc)
 
 
 def _check_no_variant(schema: StructType) -> None:

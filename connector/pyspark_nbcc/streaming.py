@@ -300,6 +300,43 @@ def stream_reader(options: dict[str, Any], schema: StructType | None,
                             setup.limits, setup.options, setup.max_partition_bytes, follows_table=follows_table)
 
 
+class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stands in for a reader that could not be set up (a bad option, no table): it raises that
+    error at Spark's first call. PySpark's stream runner stops the reader in a `finally` around
+    `streamReader()`, so an error raised there reached the user buried under an
+    UnboundLocalError about the reader it never got; raised from a call, it comes alone."""
+
+    def __init__(self, error: Exception):
+        self.error = error
+
+    def _raise(self) -> Any:
+        raise self.error
+
+    def initialOffset(self) -> dict:
+        return self._raise()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self._raise()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return self._raise()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._raise()
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return self._raise()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._raise()
+
+    def commit(self, end: dict) -> None:
+        self._raise()
+
+    def stop(self) -> None:
+        pass
+
+
 class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batches of the commits that completed after the last offset, oldest first."""
 
