@@ -129,6 +129,66 @@ def test_timeline_json_and_pending_instants(local_table, capsys):
     assert rows_of(out)[-1] == [txn.instant, "deltacommit", "-", "inflight", "-"]
 
 
+def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)  # 8 rows each, ids 0-7: even ids in p=a, odd in p=b
+    table.write(batch([1], 2), operation="delete")
+    table.write(batch([0, 2], 3, parts=("a",)), mode="overwrite", replace_where="p = 'a'")
+    table.write(batch([3], 4, parts=("c",)), mode="overwrite", replace_where=[("p", "in", ["c", "d"])])
+    table.delete([("v", "=", 3)])  # ids 0 and 2
+    table.delete_partitions([("p", "=", "c")])
+    table.compact()
+    restored = table.restore(completion_of(table, table.timeline()[2].instant))  # after the delete
+    before = data_files(uri)
+    table.clean(retain_commits=1)
+    deleted = len(before - data_files(uri))
+    history = table.history()
+
+    completed = [i for i in table.timeline() if i.is_completed]
+    assert [(c.instant, c.completion, c.action) for c in history] == [
+        (i.instant, i.completion, i.action) for i in sorted(completed, key=lambda i: i.completion, reverse=True)]
+    seen = [(c.operation, c.rows, c.files, c.partitions, c.parameters) for c in reversed(history)]
+    assert seen[:7] == [
+        ("upsert", 8, 2, ("p=a", "p=b"), {}),
+        ("upsert", 8, 2, ("p=a", "p=b"), {}),
+        ("delete", 1, 1, ("p=b",), {}),
+        ("overwrite", 2, 1, ("p=a",), {"replace_where": "p = 'a'", "replaced_partitions": ["p=a"]}),
+        ("overwrite", 1, 1, ("p=c",), {"replace_where": "p IN ('c', 'd')", "replaced_partitions": ["p=c"]}),
+        ("delete", 2, 1, ("p=a",), {"condition": "v = 3"}),
+        ("delete_partition", 0, 0, ("p=c",), {"condition": "p = 'c'", "replaced_partitions": ["p=c"]}),
+    ]
+    compaction, restore, clean = history[2], history[1], history[0]
+    assert (compaction.action, compaction.operation, compaction.partitions) == ("commit", "compact", ("p=a", "p=b"))
+    # p=b's ids 3, 5 and 7, and the delete of id 1, which has an ordering value (a base file keeps
+    # such deletes: format.md §15.2); p=a's keys-only deletes left nothing.
+    assert compaction.rows == 4
+    assert (restore.instant, restore.operation, restore.parameters) == (
+        restored, "restore", {"restored_as_of": completion_of(table, table.timeline()[2].instant)})
+    assert restore.rows == 7 and restore.partitions == ("p=a", "p=b")  # ids 0-7 but 1
+    assert (clean.action, clean.rows, clean.bytes, clean.files) == ("clean", None, None, deleted) and deleted > 0
+    assert table.history(limit=2) == history[:2]
+    with pytest.raises(nbcc.InvalidOptionError, match="limit must be a positive whole number of commits; got 0"):
+        table.history(limit=0)
+
+    code, out, _ = run(capsys, "history", uri)
+    assert code == 0
+    assert out.splitlines()[0].split() == ["COMPLETION", "INSTANT", "ACTION", "OPERATION", "ROWS", "FILES", "BYTES",
+                                           "PARTITIONS", "PARAMETERS"]
+    lines = out.splitlines()[1:]
+    assert [line.split()[:8] for line in lines] == [
+        [c.completion, c.instant, c.action, c.operation, "-" if c.rows is None else str(c.rows), str(c.files),
+         "-" if c.bytes is None else str(c.bytes), str(len(c.partitions))] for c in history]
+    assert lines[-4].endswith("replace_where=p = 'a'")  # the partitions replaced are in PARTITIONS
+    assert lines[-6].endswith("condition=v = 3") and lines[-1].endswith("-")
+    code, out, _ = run(capsys, "history", uri, "--limit", "3", "--json")
+    assert code == 0 and json.loads(out) == [c.to_dict() for c in history[:3]]
+    assert json.loads(out)[2]["partitions"] == ["p=a", "p=b"]  # by name
+    # Archived instants stay in the history.
+    table.archive(retain_commits=1)
+    assert any(i.archived for i in table.timeline()) and table.history() == history
+    assert run(capsys, "history", uri, "--limit", "0")[0] == 2
+
+
 def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what_a_read_opens(local_table, capsys):
     uri, _ = local_table
     table, written = make_table(uri, commits=3)

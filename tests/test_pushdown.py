@@ -861,3 +861,16 @@ def test_the_shipped_spark_properties_read_right_when_a_dataframe_is_queried_aga
         assert [df.count(), df.where("id < 10").count(), df.count()] == [100, 10, 100]
         assert df.where("id < 10 OR id IS NULL").count() == 10 and df.where("id >= 90").count() == 10
         assert df.where("id >= 95 OR id < 5").count() == 10
+
+
+def test_a_filter_is_described_in_sqls_spelling_for_the_history():
+    from nbcc.expr import Predicate, describe, parse_filter
+    schema = pa.schema([("name", pa.string()), ("d", pa.date32()), ("ok", pa.bool_()), ("n", pa.int64())])
+    spec = [("name", "=", "O'Brien"), ("d", ">=", dt.date(2026, 11, 1)), ("ok", "==", True),
+            ("n", "not in", [1, 2]), ("name", "is not null"), ("name", "starts_with", "x"),
+            pc.field("n") > 3]
+    assert describe(*parse_filter(spec, schema)) == (
+        "name = 'O''Brien' AND d >= DATE '2026-11-01' AND ok = true AND n NOT IN (1, 2) AND name IS NOT NULL "
+        "AND starts_with(name, 'x') AND (n > 3)")
+    assert Predicate("n", "in", (1, None), negated=True).describe() == "NOT (n IN (1, NULL))"
+    assert describe(()) == ""

@@ -165,6 +165,10 @@ def test_replace_where_replaces_the_matching_partitions_and_every_row_must_match
     meta = read_commit_metadata(nbcc.Table.open(uri).storage, done)
     assert (done.action, meta["operation"], meta["replaced_partitions"]) == \
         ("replacepartitions", "overwrite", ["day=d1", "day=d2", "day=d3"])
+    [latest] = nbcc.Table.open(uri).history(limit=1)  # what nbcc history shows of it
+    assert (latest.instant, latest.rows, latest.partitions, latest.parameters) == (
+        done.instant, 2, ("day=d1", "day=d2", "day=d3"),
+        {"replace_where": "day BETWEEN 'd1' AND 'd3'", "replaced_partitions": ["day=d1", "day=d2", "day=d3"]})
     # A row outside the condition fails the job, and its instant is rolled back: nothing changes.
     timeline = nbcc.Table.open(uri).timeline()
     with pytest.raises(Exception, match=r"[12] row\(s\) do not match replaceWhere \"day = 'd0'\" \(one has day=d[12]\)"):

@@ -154,6 +154,8 @@ def test_each_micro_batch_is_one_commit_with_its_stream_and_batch_id(spark, tmp_
     commits = _data_commits(uri)
     assert [(c["action"], c["stream_id"], c["batch_id"], c["rows"]) for c in commits] == [
         ("deltacommit", query.id, 0, 10), ("deltacommit", query.id, 1, 10), ("deltacommit", query.id, 3, 10)]
+    assert [(c.operation, c.parameters) for c in nbcc.Table.open(uri).history()] == [
+        ("upsert", {"stream_id": query.id, "batch_id": b}) for b in (3, 1, 0)]
     assert len({f["name"].rsplit("_", 1)[1].split("-")[0] for f in commits[0]["files"]}) > 1, \
         "expected the files of several tasks in one commit"
     assert _spark_commits(tmp_path / "ckpt") == [0, 1, 2, 3]

@@ -18,13 +18,14 @@ from .errors import (
     TableNotFoundError,
 )
 from .file_slices import FileSlice, build_file_slices
+from .history import CommitInfo
 from .table import Table
 from .timeline import Instant
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Table", "Instant", "FileSlice", "build_file_slices", "bucket_ids", "file_group_id",
+    "Table", "Instant", "CommitInfo", "FileSlice", "build_file_slices", "bucket_ids", "file_group_id",
     "NbccError", "TableNotFoundError", "TableExistsError", "InvalidOptionError", "SchemaError",
     "DataFileError", "LockTimeoutError", "LockLostError", "CommitError", "StorageError",
     "TableConfigError",

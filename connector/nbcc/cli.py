@@ -7,6 +7,8 @@ Usage:
                                             may go, what a snapshot read opens, metadata table
     nbcc timeline URI [--json]              every instant: instant, action, operation, state,
                                             completion time
+    nbcc history URI [--limit N] [--json]   what each completed instant did, latest first:
+                                            operation, rows, files, bytes, partitions, parameters
     nbcc slices URI [--as-of T] [--json]    the file slices: per partition and file group, base
                                             instant, base file and log files (in log order)
     nbcc compact URI [--quiet]              finish pending compactions a crashed run left, then
@@ -214,6 +216,26 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     _print_table(["INSTANT", "ACTION", "OPERATION", "STATE", "COMPLETION"],
                  [[i.instant, i.action, operation.get(i.instant) or "-", i.state, i.completion or "-"]
                   for i in instants])
+    return 0
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    commits = _open(args).history(args.limit)
+    if args.json:
+        _print_json([c.to_dict() for c in commits])
+        return 0
+
+    def parameters(c: Any) -> str:  # the partitions replaced are in PARTITIONS already
+        return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+                         for k, v in c.parameters.items() if k != "replaced_partitions" and v != []) or "-"
+
+    def number(n: int | None) -> str:
+        return "-" if n is None else str(n)
+
+    _print_table(["COMPLETION", "INSTANT", "ACTION", "OPERATION", "ROWS", "FILES", "BYTES", "PARTITIONS",
+                  "PARAMETERS"],
+                 [[c.completion, c.instant, c.action, c.operation, number(c.rows), str(c.files), number(c.bytes),
+                   str(len(c.partitions)), parameters(c)] for c in commits])
     return 0
 
 
@@ -563,6 +585,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "if not completed), state and completion time ('-' if not completed).")
     p.add_argument("--json", action="store_true", help="print a JSON list instead")
     p.set_defaults(func=cmd_timeline)
+
+    p = sub.add_parser("history", parents=[common], help="what each completed instant did, latest first",
+                       description="List the completed instants (archived ones too), latest completion first "
+                                   "(Delta's DESCRIBE HISTORY): completion time, instant, action, operation, rows "
+                                   "written (a delete: keys deleted), data files written (a clean: files deleted), "
+                                   "bytes, how many partitions it wrote to or replaced, and how it was asked for "
+                                   "(replace_where, condition, restored_as_of, stream_id and batch_id, ...). "
+                                   "--json gives the partitions by name.")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="only the latest N")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead")
+    p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("slices", parents=[common], help="list the file groups and their latest slices",
                        description="List the latest file slice of every file group: partition, file group, "

@@ -60,6 +60,19 @@ class Predicate:
     # and Arrow then compares a uint64 column as int64 (values >= 2**63 fail the cast).
     type: pa.DataType | None = dataclass_field(default=None, compare=False)
 
+    def describe(self) -> str:
+        """In SQL's spelling: `day IN ('a', 'b')`, `name LIKE 'x%'` for starts_with."""
+        op, v = self.op, self.value
+        if op in COMPARISONS:
+            text = f"{self.column} {op} {_literal(v)}"
+        elif op in ("in", "not_in"):
+            text = f"{self.column} {'IN' if op == 'in' else 'NOT IN'} ({', '.join(_literal(x) for x in v)})"
+        elif op in ("is_null", "is_not_null"):
+            text = f"{self.column} IS {'NULL' if op == 'is_null' else 'NOT NULL'}"
+        else:  # starts_with, ends_with, contains: as pyarrow names them (no wildcards to escape)
+            text = f"{op}({self.column}, {_literal(v)})"
+        return f"NOT ({text})" if self.negated else text
+
     # -- exact application -------------------------------------------------------------------
 
     def to_arrow(self) -> pc.Expression:
@@ -263,6 +276,28 @@ def _within_range(t: pa.DataType, op: str, value: Any) -> tuple[str, Any]:
     above = value > hi
     every = {"!=": True, "<": above, "<=": above, ">": not above, ">=": not above}.get(op, False)
     return ("is_not_null", None) if every else ("in", [])
+
+
+def describe(preds: Sequence[Predicate], extra: pc.Expression | None = None) -> str:
+    """A filter as one line of text for people (the commit metadata's `condition`, `nbcc
+    history`): predicates in SQL's spelling, joined by AND; a pyarrow expression as pyarrow
+    prints it."""
+    parts = [p.describe() for p in preds]
+    if extra is not None:
+        parts.append(" ".join(str(extra).split()))
+    return " AND ".join(parts)
+
+
+def _literal(value: Any) -> str:
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        return f"DATE '{value.isoformat()}'"
+    if isinstance(value, (str, dt.datetime)):
+        return "'" + str(value).replace("'", "''") + "'"
+    return str(value)
 
 
 def conjunction(preds: Sequence[Predicate], extra: pc.Expression | None = None) -> pc.Expression | None:

@@ -18,6 +18,7 @@ from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
 from .compaction import maybe_compact, run_compaction, schedule_compaction
 from .heartbeat import Heartbeat, interval_s
+from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
 from .config import (
     _bool_option,
@@ -51,7 +52,7 @@ from .errors import (
     TableNotFoundError,
 )
 from .conditions import parse_replace_where, typed_condition
-from .expr import conjunction, parse_filter
+from .expr import conjunction, describe, parse_filter
 from .file_slices import FileSlice
 from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index
@@ -90,10 +91,12 @@ class ReplaceWhere:
     given: Any
     filter: list[Any]
     condition: pc.Expression
+    text: str  # as the commit metadata records it (`replace_where`, shown by `nbcc history`)
 
     def check(self, rows: pa.Table, partition_by: Sequence[str]) -> None:
         """Every row written must match (SchemaError otherwise)."""
         check_rows_match(rows, partition_by, self.condition, self.given)
+
 
 
 def _file_in_the_way(storage: Storage) -> str:
@@ -282,7 +285,8 @@ class Table:
         condition = self.partition_condition(spec, schema, "replaceWhere replaces whole partitions; to replace the "
                                                        "rows that match a condition on other columns, delete them "
                                                        "(Table.delete, `nbcc delete`) and append the new rows")
-        return ReplaceWhere(replace_where, spec, condition)
+        text = replace_where if isinstance(replace_where, str) else describe(*parse_filter(spec, schema))
+        return ReplaceWhere(replace_where, spec, condition, text)
 
     def partition_condition(self, spec: Any, schema: pa.Schema,
                           instead: str = "To delete the records that match a condition on other columns, use "
@@ -407,7 +411,8 @@ class Table:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)
                     raise
                 # replaceWhere names the partitions that match it as of now (§8).
-                txn.commit(files, commit_extra, partitions=self.partitions(replace.filter) if replace else ())
+                extra = {**(commit_extra or {}), **({"replace_where": replace.text} if replace else {})}
+                txn.commit(files, extra, partitions=self.partitions(replace.filter) if replace else ())
         except BaseException as failure:
             # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
             # once its heartbeat expires (a commit that completed is never rolled back). Not when
@@ -421,11 +426,12 @@ class Table:
         if not self.config.partition_by:
             raise InvalidOptionError(f"the table has no partition columns, so {consequence}")
 
-    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str]) -> str:
-        """Begin and complete a partition deletion: one commit, no files (format.md §8)."""
+    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str], condition: str | None = None) -> str:
+        """Begin and complete a partition deletion: one commit, no files (format.md §8).
+        `condition`: the filter that named the partitions, as recorded in the commit metadata."""
         txn.begin()
         try:
-            txn.commit([], partitions=partitions)
+            txn.commit([], {"condition": condition} if condition is not None else None, partitions=partitions)
         except BaseException as failure:
             if not isinstance(failure, LockTimeoutError):
                 txn.rollback_or_log(failure)
@@ -464,7 +470,7 @@ class Table:
             return None
         current = self.schema()
         txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION)
-        return self._commit_deletion(txn, matched)
+        return self._commit_deletion(txn, matched, describe(*parse_filter(filter, current)))
 
     # -- table services ----------------------------------------------------------------------
 
@@ -628,9 +634,10 @@ class Table:
         first = next(groups, None)
         if first is None:
             return None
+        condition = describe(plan.options.predicates, plan.options.arrow_filter)
         return self._write(first.schema, itertools.chain([first], groups), DELETE, "append", STATIC,
                            max_log_file_bytes=None, compaction_delta_commits=None, compaction_inline=False,
-                           by_file_group=True)
+                           by_file_group=True, commit_extra={"condition": condition})
 
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""
@@ -641,6 +648,12 @@ class Table:
     def timeline(self) -> list[Instant]:
         """Every instant on the timeline, oldest first."""
         return list(Timeline.load(self.storage).instants)
+
+    def history(self, limit: int | None = None) -> list[CommitInfo]:
+        """What each completed instant did (operation, rows, files, partitions, parameters),
+        latest completion first (Delta's `history()`); with `limit`, the latest `limit` only.
+        Archived instants included."""
+        return commit_history(self.storage, limit)
 
     def file_slices(self, as_of: Any = None) -> list[FileSlice]:
         """The latest file slice of every file group, by partition and file group."""

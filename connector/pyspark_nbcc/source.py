@@ -529,9 +529,11 @@ class NbccWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         partitions = [p for m in messages if m is not None for p in m.partitions]
+        extra = None
         if self.replace_where is not None:  # the partitions that match it as of now (format.md §8)
             partitions += Table(self.storage, self.config).partitions(self.replace_where.filter)
-        self.txn.commit([f for m in messages if m is not None for f in m.files], partitions=partitions)
+            extra = {"replace_where": self.replace_where.text}
+        self.txn.commit([f for m in messages if m is not None for f in m.files], extra, partitions=partitions)
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
                       f"the Spark write's commit {self.txn.instant}", log)

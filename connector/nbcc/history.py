@@ -1,0 +1,67 @@
+"""A table's history: what each completed instant did, newest first (Delta's DESCRIBE HISTORY,
+Hudi's show_commits). It is read from the commit metadata (format.md §7.3) of the active
+timeline and of the archived one, so it reaches back to the table's first commit."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import InvalidOptionError
+from .storage import Storage
+from .timeline import CLEAN, INDEXING, Timeline, read_commit_metadatas
+
+# Commit-metadata fields that say how a commit was asked for (Delta's operationParameters).
+_PARAMETERS = ("replace_where", "condition", "replaced_partitions", "restored_as_of", "stream_id", "batch_id",
+               "earliest_retained", "rolled_back")
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    """One completed instant. `rows`: rows written (a delete: the keys it deletes; a compaction:
+    the rows of its base files); None for a clean or an indexing, which write none. `files`:
+    data files written (a clean: files deleted). `partitions`: those it wrote to or replaced
+    (a clean: those it deleted files in). `parameters`: how it was asked for, as recorded
+    (`replace_where`, `condition`, `replaced_partitions`, `restored_as_of`, `stream_id` and
+    `batch_id`; a clean's `earliest_retained` and `rolled_back`; an indexing's `built`)."""
+
+    instant: str
+    completion: str
+    action: str
+    operation: str
+    rows: int | None
+    files: int
+    bytes: int | None
+    partitions: tuple[str, ...]
+    parameters: dict[str, Any] = field(default_factory=dict, hash=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["partitions"] = list(self.partitions)
+        return out
+
+
+def commit_history(storage: Storage, limit: int | None = None) -> list[CommitInfo]:
+    """The completed instants, latest completion first; with `limit`, the latest `limit` of
+    them (only their commit files are read)."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidOptionError(f"limit must be a positive whole number of commits; got {limit!r}")
+    completed = sorted(Timeline.load(storage).completed(), key=lambda i: (i.completion, i.instant), reverse=True)
+    completed = completed[:limit] if limit is not None else completed
+    metas = read_commit_metadatas(storage, completed)
+    return [_commit_info(i.instant, i.completion, i.action, metas[i.instant]) for i in completed]
+
+
+def _commit_info(instant: str, completion: str, action: str, meta: dict[str, Any]) -> CommitInfo:
+    parameters = {k: meta[k] for k in _PARAMETERS if k in meta}
+    if action == CLEAN:
+        deleted = meta.get("deleted", [])
+        return CommitInfo(instant, completion, action, CLEAN, None, len(deleted), None,
+                          tuple(sorted({partition for partition, _ in deleted} - {""})), parameters)
+    if action == INDEXING:
+        return CommitInfo(instant, completion, action, INDEXING, None, 0, None, (),
+                          {"built": list(meta.get("ready", []))})
+    files = meta.get("files", [])
+    partitions = {f["partition"] for f in files}.union(meta.get("replaced_partitions", [])) - {""}  # "": none
+    return CommitInfo(instant, completion, action, meta.get("operation") or action, int(meta.get("rows", 0)),
+                      len(files), int(meta.get("bytes", 0)), tuple(sorted(partitions)), parameters)
