@@ -81,6 +81,11 @@ def test_a_slice_over_the_budget_merges_in_pieces_to_the_reference_rows(tmp_path
     assert _rows(table) == reference(written, mode, "ts")
     assert len(pieces) >= slice_rows // BUDGET - 1, "the read did not take the spilled path"
     assert max(pieces) < slice_rows // 2, f"a piece held most of the slice: {pieces} of {slice_rows}"
+    # A read of some columns merges the same records from fewer columns.
+    pieces.clear()
+    narrow = table.read(columns=["a", "id"]).to_pylist()
+    assert sorted(narrow, key=lambda r: r["id"]) == [{"a": r["a"], "id": r["id"]} for r in reference(written, mode, "ts")]
+    assert len(pieces) >= slice_rows // BUDGET - 1, "the read of some columns did not take the spilled path"
     # A key filter drops other keys' rows before they are spilled and merged.
     pieces.clear()
     low = table.read(filter=[("id", "<", KEYS // 3)]).select(SCHEMA.names).to_pylist()

@@ -858,6 +858,32 @@ def test_meta_columns_name_the_winning_commit_its_key_partition_and_file_group(l
     full = rows_by_key(table.read(include_meta_columns=True))
     assert all(full[k] == r for k, r in rows_by_key(got).items())
     assert table.read().column_names == META_SCHEMA.names  # off by default
+    # Some columns only, meta columns among them, in the order asked for; incremental reads too.
+    picked = ["_nbcc_commit_time", "v", "id"]
+    for options in ({}, {"query_type": "incremental", "begin": second}, {"as_of": second}):
+        got = table.read(include_meta_columns=True, columns=picked, **options)
+        full = table.read(include_meta_columns=True, **options)
+        assert got.column_names == picked
+        assert sorted(got.to_pylist(), key=lambda r: r["id"]) == sorted(
+            full.select(picked).to_pylist(), key=lambda r: r["id"]), options
+
+
+def test_columns_errors_say_what_is_wrong(local_table):
+    uri, _ = local_table
+    table = nbcc.Table.create(uri, META_SCHEMA, "id", ordering_field="ts", partition_by="region")
+    table.write(pa.Table.from_pylist([{"id": 1, "region": "eu", "ts": 1, "v": "a"}], schema=META_SCHEMA))
+    for columns, message in (
+            ("v", r"columns must be a non-empty list of column names, e.g. \['id', 'amount'\]; got 'v'"),
+            ([], "columns must be a non-empty list"),
+            (["v", 3], "columns must be a non-empty list"),
+            (["v", "nosuch"], r"columns \['nosuch'\] are not in the table \(as of the time read\); its columns are "
+                              r"\['id', 'region', 'ts', 'v'\]"),
+            (["v", "id", "v"], r"columns names \['v'\] more than once"),
+            (["_nbcc_commit_time"], r"meta columns: read them with include_meta_columns=True")):
+        with pytest.raises(nbcc.InvalidOptionError, match=message):
+            table.read(columns=columns)
+    with pytest.raises(nbcc.InvalidOptionError, match="columns does not apply to cdc output"):
+        table.read(query_type="incremental", incremental_format="cdc", columns=["id"])
 
 
 # -- errors ------------------------------------------------------------------------------------------

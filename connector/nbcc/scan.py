@@ -95,6 +95,7 @@ class ReadOptions:
     predicates: tuple[Predicate, ...] = ()
     arrow_filter: pc.Expression | None = None
     use_metadata_table: bool | None = None  # None: use its ready partitions; False: the timeline only
+    columns: tuple[str, ...] | None = None  # the output's columns, in this order (None: all)
 
     @classmethod
     def build(cls, *, query_type: str | None = None, as_of: Any = None, begin: Any = None, end: Any = None,
@@ -136,6 +137,30 @@ class ReadOptions:
         if (preds or arrow_filter is not None) and self.is_cdc:
             raise InvalidOptionError("filter applies to snapshot, read_optimized and latest_state reads, not cdc")
         return dataclasses.replace(self, predicates=preds, arrow_filter=arrow_filter)
+
+    def with_columns(self, columns: Any, schema: pa.Schema) -> "ReadOptions":
+        """These options with the output narrowed to `columns` (names of `schema`, the table's
+        schema at the time read, or meta columns if asked for), in that order; only those
+        columns, the record key's and those the merge and the filter need are read from files."""
+        if isinstance(columns, str) or not isinstance(columns, (list, tuple)) or not columns \
+                or not all(isinstance(c, str) for c in columns):
+            raise InvalidOptionError(f"columns must be a non-empty list of column names, e.g. ['id', 'amount']; "
+                                     f"got {columns!r}")
+        if self.is_cdc:
+            raise InvalidOptionError("columns does not apply to cdc output (each row has the whole record in "
+                                     "before and after); select from the result instead")
+        repeated = sorted({c for c in columns if list(columns).count(c) > 1})
+        if repeated:
+            raise InvalidOptionError(f"columns names {repeated} more than once")
+        meta = [f.name for f in META_OUTPUT_FIELDS]
+        unknown = [c for c in columns if c not in schema.names and c not in meta]
+        if unknown:
+            raise InvalidOptionError(f"columns {unknown} are not in the table (as of the time read); its columns "
+                                     f"are {schema.names}")
+        hidden = [c for c in columns if c in meta and c not in schema.names and not self.include_meta_columns]
+        if hidden:
+            raise InvalidOptionError(f"columns {hidden} are meta columns: read them with include_meta_columns=True")
+        return dataclasses.replace(self, columns=tuple(columns))
 
     @property
     def is_cdc(self) -> bool:
@@ -346,7 +371,21 @@ def output_schema(config: TableConfig, schema: pa.Schema, options: ReadOptions) 
                                  pa.field(COMPLETION_TIME_COL, pa.string(), nullable=False),
                                  pa.field("before", data, nullable=True),
                                  pa.field("after", data, nullable=True)])
-    return pa.schema(list(schema) + (META_OUTPUT_FIELDS if options.include_meta_columns else []))
+    out = pa.schema(list(schema) + (META_OUTPUT_FIELDS if options.include_meta_columns else []))
+    return out if options.columns is None else pa.schema([out.field(c) for c in options.columns])
+
+
+def _columns_to_read(plan: ScanPlan) -> pa.Schema:
+    """The table columns a task reads from files: all of them, or, for a read narrowed to some
+    columns, those plus the record key's, the ordering field and the filter's columns (an
+    opaque pyarrow filter may name any column: then all)."""
+    options, config = plan.options, plan.config
+    if options.columns is None or options.arrow_filter is not None:
+        return plan.schema
+    needed = {*options.columns, *config.record_key, *(p.column for p in options.predicates)}
+    if config.ordering_field:
+        needed.add(config.ordering_field)
+    return pa.schema([f for f in plan.schema if f.name in needed])
 
 
 def schema_read(storage: Storage, config: TableConfig, options: ReadOptions, timeline: Timeline,
@@ -574,7 +613,7 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     # for a pyarrow filter, which may name them.
     meta = options.query_type == INCREMENTAL and ((not task.range_only and match == RECORD_KEY_COL)
                                                   or options.arrow_filter is not None)
-    for merged in iter_files(storage, config, plan.schema, task.partition, list(task.files),
+    for merged in iter_files(storage, config, _columns_to_read(plan), task.partition, list(task.files),
                              include_meta=options.include_meta_columns or meta,
                              merged_already=task.merged_already, key_predicates=key_predicates,
                              key_filter=key_filter):

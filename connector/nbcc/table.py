@@ -555,21 +555,24 @@ class Table:
 
     def plan(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
              incremental_format: str | None = None, include_meta_columns: Any = False,
-             filter: Any = None, use_metadata_table: Any = None) -> ScanPlan:
+             filter: Any = None, use_metadata_table: Any = None, columns: Sequence[str] | None = None) -> ScanPlan:
         """Plan a read (see `read`): its output schema and its tasks, one per file group read."""
         options = ReadOptions.build(query_type=query_type, as_of=as_of, begin=begin, end=end,
                                     incremental_format=incremental_format,
                                     include_meta_columns=include_meta_columns,
                                     use_metadata_table=use_metadata_table)
-        if filter is not None:  # parsed against the schema at the time read, as Spark's are
+        if filter is not None or columns is not None:  # against the schema at the time read, as Spark's are
             index = self._index(use_metadata_table)  # before the listing (format.md §18.5)
             schema = schema_read(self.storage, self.config, options, Timeline.load(self.storage), index)
-            options = options.with_filter(filter, schema)
+            if filter is not None:
+                options = options.with_filter(filter, schema)
+            if columns is not None:
+                options = options.with_columns(columns, schema)
         return plan_scan(self.storage, self.config, options)
 
     def read(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,
              incremental_format: str | None = None, include_meta_columns: Any = False,
-             filter: Any = None, use_metadata_table: Any = None) -> pa.Table:
+             filter: Any = None, use_metadata_table: Any = None, columns: Sequence[str] | None = None) -> pa.Table:
         """Read the table; with no arguments, the merged snapshot (one row per live record key).
 
         as_of: a 17-digit instant time or ISO-8601 timestamp: the state made of the commits that
@@ -586,10 +589,12 @@ class Table:
             buckets and files, see nbcc.expr) or a pyarrow compute expression (applied to rows).
         use_metadata_table: False plans from the timeline alone; by default the metadata table's
             ready partitions are used (same rows, fewer files read to plan).
+        columns: the columns to return, in this order (default: all). Only these, the record
+            key's, the ordering field and the filter's columns are read from the files (not cdc).
         """
         plan = self.plan(as_of=as_of, query_type=query_type, begin=begin, end=end,
                          incremental_format=incremental_format, include_meta_columns=include_meta_columns,
-                         filter=filter, use_metadata_table=use_metadata_table)
+                         filter=filter, use_metadata_table=use_metadata_table, columns=columns)
         return read_plan(self.storage, plan)
 
     def restore(self, as_of: Any) -> str:
@@ -627,10 +632,9 @@ class Table:
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete needs a filter, e.g. [('status', '=', 'test')]; to delete every row, "
                                      "overwrite the table with no rows")
-        plan = self.plan(filter=filter)
         keys = list(dict.fromkeys(self.config.record_key + self.config.partition_by))
-        groups = (rows for rows in (read_task(self.storage, plan, task).select(keys) for task in plan.tasks)
-                  if rows.num_rows)
+        plan = self.plan(filter=filter, columns=keys)  # the files' other columns are not read
+        groups = (rows for rows in (read_task(self.storage, plan, task) for task in plan.tasks) if rows.num_rows)
         first = next(groups, None)
         if first is None:
             return None
