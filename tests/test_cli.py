@@ -650,6 +650,9 @@ def test_delete_counts_first_with_dry_run_then_deletes_the_matching_records(loca
     before, timeline = snapshot(table), table.timeline()
     code, out, err = run(capsys, "delete", uri, "--where", "v = 7", "--where", "id in 3, 4", "--dry-run")
     assert (code, err, out.strip()) == (0, "", "would delete 1 record")
+    # Column names in any letter case, as SQL (and replaceWhere) take them.
+    code, out, err = run(capsys, "delete", uri, "--where", "V = 7", "--where", "Id in 3, 4", "--dry-run")
+    assert (code, err, out.strip()) == (0, "", "would delete 1 record")
     assert table.timeline() == timeline
     code, out, err = run(capsys, "delete", uri, "--where", "v >= 7")
     done = table.timeline()[-1]

@@ -57,7 +57,7 @@ from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
 from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
-from .conditions import parse_condition, typed_condition
+from .conditions import parse_condition, typed_condition, with_column_as_spelled
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
@@ -390,7 +390,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 _CONDITION_HELP = ("'COL OP VALUE' (OP: = == != <> < <= > >=), 'COL in V1,V2', 'COL not in V1,V2' or 'COL is "
-                   "[not] null'; values in the column's type (dates 2026-11-20, timestamps 2026-11-20T10:00:00Z, "
+                   "[not] null' (COL in any letter case); values in the column's type (dates 2026-11-20, timestamps 2026-11-20T10:00:00Z, "
                    "UTC without a zone; true/false), quoted if they hold commas or quotes; as in SQL, a null "
                    "matches only 'is null'")
 
@@ -412,7 +412,7 @@ def _where(text: str) -> tuple[Any, ...]:
 def _conditions(table: Table, args: argparse.Namespace) -> list[Any]:
     """The `--where` conditions as a filter, their values in their columns' types."""
     schema = table.schema()
-    return [typed_condition(item, schema) for item in args.where]
+    return [typed_condition(with_column_as_spelled(item, schema), schema) for item in args.where]
 
 
 def _completed(table: Table, instant: str) -> tuple[Any, dict[str, Any]]:

@@ -178,6 +178,13 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
     return conditions
 
 
+def with_column_as_spelled(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]:
+    """`item` naming its column as `schema` spells it: SQL, and so a condition written as text,
+    names columns in any letter case (a table's names never differ only in case)."""
+    names = {n.lower(): n for n in schema.names}
+    return (names.get(item[0].lower(), item[0]), *item[1:])
+
+
 def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...] | pc.Expression:
     """`parse_condition`'s tuple with its text values in the column's type: a filter tuple for
     the types the tuple form takes (integers, strings, dates, booleans), else a pyarrow

@@ -51,7 +51,7 @@ from .errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from .conditions import parse_replace_where, typed_condition
+from .conditions import parse_replace_where, typed_condition, with_column_as_spelled
 from .expr import conjunction, describe, parse_filter
 from .file_slices import FileSlice
 from .filenames import LogFile, make_token, parse_data_file
@@ -272,9 +272,8 @@ class Table:
         if isinstance(replace_where, str) and not replace_where.strip():
             raise InvalidOptionError("replaceWhere is empty; give a condition on partition columns")
         if isinstance(replace_where, str):
-            names = {n.lower(): n for n in schema.names}  # SQL resolves column names in any letter case
             try:
-                spec = [typed_condition((names.get(c[0].lower(), c[0]), *c[1:]), schema)
+                spec = [typed_condition(with_column_as_spelled(c, schema), schema)
                         for c in parse_replace_where(replace_where)]
             except InvalidOptionError as exc:
                 raise InvalidOptionError(f"replaceWhere: {exc}") from None
