@@ -86,6 +86,15 @@ def test_a_slice_over_the_budget_merges_in_pieces_to_the_reference_rows(tmp_path
     narrow = table.read(columns=["a", "id"]).to_pylist()
     assert sorted(narrow, key=lambda r: r["id"]) == [{"a": r["a"], "id": r["id"]} for r in reference(written, mode, "ts")]
     assert len(pieces) >= slice_rows // BUDGET - 1, "the read of some columns did not take the spilled path"
+    # A read as a stream of batches hands the first piece over before the next is merged.
+    pieces.clear()
+    reader = table.read_batches()
+    first = reader.read_next_batch()
+    assert first.num_rows and len(pieces) == 1, pieces
+    rest = reader.read_all()
+    assert len(pieces) >= slice_rows // BUDGET - 1
+    got = pa.concat_tables([pa.Table.from_batches([first]), rest]).select(SCHEMA.names).to_pylist()
+    assert sorted(got, key=lambda r: r["id"]) == reference(written, mode, "ts")
     # A key filter drops other keys' rows before they are spilled and merged.
     pieces.clear()
     low = table.read(filter=[("id", "<", KEYS // 3)]).select(SCHEMA.names).to_pylist()

@@ -866,6 +866,15 @@ def test_meta_columns_name_the_winning_commit_its_key_partition_and_file_group(l
         assert got.column_names == picked
         assert sorted(got.to_pylist(), key=lambda r: r["id"]) == sorted(
             full.select(picked).to_pylist(), key=lambda r: r["id"]), options
+    # The same reads as streams of batches, cdc too.
+    for options in ({}, {"query_type": "incremental", "begin": second}, {"as_of": second},
+                    {"query_type": "incremental", "begin": second, "incremental_format": "cdc"},
+                    {"filter": [("region", "=", "eu"), ("ts", ">", 10)], "columns": ["id", "v"]}):
+        whole = table.read(**options)
+        streamed = table.read_batches(**options)
+        assert streamed.schema == whole.schema
+        assert sorted(streamed.read_all().to_pylist(), key=lambda r: r["id"]) == sorted(
+            whole.to_pylist(), key=lambda r: r["id"]), options
 
 
 def test_columns_errors_say_what_is_wrong(local_table):

@@ -741,6 +741,14 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     return out.filter(keep).cast(plan.output_schema)
 
 
+def iter_plan(storage: Storage, plan: ScanPlan) -> Iterator[pa.RecordBatch]:
+    """The rows of a plan as record batches, task after task and piece by piece, so that
+    memory holds one piece of one file group at a time (iter_task)."""
+    for task in plan.tasks:
+        for rows in iter_task(storage, plan, task):
+            yield from rows.to_batches()
+
+
 def read_plan(storage: Storage, plan: ScanPlan, threads: int = 4) -> pa.Table:
     from concurrent.futures import ThreadPoolExecutor
 

@@ -59,7 +59,7 @@ from .index_view import MetadataIndex, load_index
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .partitions import partition_values
-from .scan import ReadOptions, ScanPlan, plan_scan, read_plan, read_task, schema_read
+from .scan import ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
 from .schema import evolve_schema
 from .storage import Storage
 from .timeline import (
@@ -595,6 +595,20 @@ class Table:
                          incremental_format=incremental_format, include_meta_columns=include_meta_columns,
                          filter=filter, use_metadata_table=use_metadata_table, columns=columns)
         return read_plan(self.storage, plan)
+
+    def read_batches(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None,
+                     end: Any = None, incremental_format: str | None = None, include_meta_columns: Any = False,
+                     filter: Any = None, use_metadata_table: Any = None,
+                     columns: Sequence[str] | None = None) -> pa.RecordBatchReader:
+        """`read` as a stream of record batches, for tables larger than memory: file group after
+        file group, so memory holds one file group's merged rows (a piece of one, for file
+        groups over the merge budget), where `read` holds the whole result. The read is planned
+        now; its files are read as the batches are taken. DuckDB, Polars and pandas consume a
+        RecordBatchReader directly (`duckdb.sql("SELECT ... FROM reader")`)."""
+        plan = self.plan(as_of=as_of, query_type=query_type, begin=begin, end=end,
+                         incremental_format=incremental_format, include_meta_columns=include_meta_columns,
+                         filter=filter, use_metadata_table=use_metadata_table, columns=columns)
+        return pa.RecordBatchReader.from_batches(plan.output_schema, iter_plan(self.storage, plan))
 
     def restore(self, as_of: Any) -> str:
         """Make the table's rows those it had as of `as_of` (as `read(as_of=...)` gives them), in
