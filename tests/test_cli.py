@@ -447,6 +447,41 @@ def test_a_later_clean_that_retains_more_commits_keeps_the_window_where_it_is(lo
     assert "where an earlier clean put it (the table has 10 or fewer data commits" in out
 
 
+def test_clean_by_hours_keeps_what_reads_as_of_any_time_in_them_need(local_table, capsys, monkeypatch):
+    from nbcc.clock import parse_time
+    uri, _ = local_table
+    table, written = make_table(uri, commits=3)
+    table.compact()  # the log files of the first 3 commits are then needed only by reads before it
+    written += [table.write(batch(range(8), version)) for version in (3, 4, 5)]
+    c = [completion_of(table, i) for i in written]
+    # An hour after the fifth commit completed (less 1 ms): reads as of the hour's first moments
+    # show the fourth commit's state, so the window starts at the fourth commit.
+    monkeypatch.setattr(nbcc.clean, "_now_ms", lambda: parse_time(c[4]) - 1 + 3_600_000)
+    before = data_files(uri)
+    code, out, err = run(capsys, "clean", uri, "--retain-hours", "1")
+    assert code == 0, err
+    assert f"retained window starts at {c[3]} (the last 1 hour)" in out
+    assert before - data_files(uri), "the clean deleted nothing"
+    assert sorted(table.read(as_of=c[3]).to_pylist(), key=lambda r: r["id"]) == batch(range(8), 3).to_pylist()
+    with pytest.raises(nbcc.NbccError, match="before the oldest state that can be read"):
+        table.read(as_of=c[2])
+    # Given both, the window keeps what either needs: here the last 4 commits reach further back.
+    monkeypatch.setattr(nbcc.clean, "_now_ms", lambda: parse_time(c[5]) + 3_600_000)
+    result = table.clean(retain_commits=4, retain_hours=1)
+    assert (result["retain_commits_start"], result["earliest_retained"]) == (c[2], c[3])  # never moves back
+    # No commit completed before the hours: every commit is retained.
+    monkeypatch.setattr(nbcc.clean, "_now_ms", lambda: parse_time(c[0]) + 3_600_000)
+    assert table.clean(retain_hours=2)["retain_commits_start"] is None
+    code, out, _ = run(capsys, "clean", uri, "--retain-hours", "2")
+    assert "retained window starts at %s, where an earlier clean put it (no data commit completed more than 2 " \
+           "hours ago" % c[3] in out
+    for bad in ("-1", "nan", "week"):
+        code, _, err = run(capsys, "clean", uri, "--retain-hours", bad)
+        assert code == 2 and "expected a number of hours, 0 or more" in err
+    with pytest.raises(nbcc.InvalidOptionError, match="retain_hours must be a number of hours, 0 or more"):
+        table.clean(retain_hours=-2)
+
+
 def test_clean_with_few_commits_deletes_nothing(local_table, capsys):
     uri, _ = local_table
     make_table(uri, commits=2)

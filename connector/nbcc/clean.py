@@ -1,7 +1,8 @@
 """Cleaning: delete the files no read of the retained window needs.
 
 The retained window starts at E, the completion time of the oldest of the last
-`clean_retain_commits` data commits. A file is kept if any read as of a time T >= E needs it:
+`retain_commits` data commits, or of the last data commit that completed before the last
+`retain_hours` hours (window_start). A file is kept if any read as of a time T >= E needs it:
 since the table only changes when a commit completes, those are the snapshot and read-optimized
 reads as of E and as of every completion time after it (and incremental reads, whose ranges then
 hold only retained commits and read those files, format.md §12.7). Every input of a pending compaction plan is kept too
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .clock import TimeGenerator
+from .clock import TimeGenerator, format_time
 from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
 from .filenames import data_file_path, parse_data_file
@@ -35,6 +38,7 @@ from .timeline import (
     DATA_ACTIONS,
     REQUESTED,
     TIMELINE_DIR,
+    Instant,
     Timeline,
     create_completed,
     earliest_retained,
@@ -72,8 +76,47 @@ def needed_files(storage: Storage, config: TableConfig, timeline: Timeline, sinc
     return needed
 
 
-def plan_clean(storage: Storage, config: TableConfig, retain_commits: int = DEFAULT_RETAIN_COMMITS,
-               timeline: Timeline | None = None) -> CleanPlan:
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def check_retention(retain_commits: int | None, retain_hours: float | None) -> int | None:
+    """`retain_commits` as the clean uses it: the default when no retention is given, else as
+    given (None: the hours alone count). InvalidOptionError for a retention that is not one."""
+    if retain_commits is None and retain_hours is None:
+        return DEFAULT_RETAIN_COMMITS
+    if retain_commits is not None and (isinstance(retain_commits, bool) or int(retain_commits) < 1):
+        raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
+    if retain_hours is not None and (isinstance(retain_hours, bool) or not isinstance(retain_hours, (int, float))
+                                     or not math.isfinite(retain_hours) or retain_hours < 0):
+        raise InvalidOptionError(f"retain_hours must be a number of hours, 0 or more; got {retain_hours!r}")
+    return None if retain_commits is None else int(retain_commits)
+
+
+def window_start(data_commits: list[Instant], retain_commits: int | None, retain_hours: float | None,
+                 now_ms: int) -> str | None:
+    """Where the retained window starts for these policies: the completion time of the oldest
+    data commit whose state a retained read needs; None if every commit is retained. The last
+    `retain_commits` data commits, and reads as of any time in the last `retain_hours` (by this
+    machine's clock; such a read needs the last commit that completed before the time). Given
+    both, the window keeps what either needs."""
+    starts = []
+    if retain_commits is not None:
+        if len(data_commits) <= retain_commits:
+            return None
+        starts.append(data_commits[-retain_commits].completion)
+    if retain_hours is not None:
+        cutoff = format_time(max(0, now_ms - round(retain_hours * 3_600_000)))
+        before = [i.completion for i in data_commits if i.completion <= cutoff]
+        if not before:
+            return None
+        starts.append(before[-1])
+    return min(starts)
+
+
+def plan_clean(storage: Storage, config: TableConfig, retain_commits: int | None = DEFAULT_RETAIN_COMMITS,
+               timeline: Timeline | None = None, retain_hours: float | None = None,
+               now_ms: int | None = None) -> CleanPlan:
     timeline = timeline or Timeline.load(storage)
     data_commits = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
     view = table_view(storage, config, timeline, None)
@@ -82,10 +125,9 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int = DEFA
     gone = {tuple(d) for i in timeline.completed() if i.action == CLEAN
             for d in view.metas[i.instant].get("deleted", [])}
     listed -= gone
-    since = None
+    since = window_start(data_commits, retain_commits, retain_hours, _now_ms() if now_ms is None else now_ms)
     doomed: set[tuple[str, str]] = set()
-    if len(data_commits) > retain_commits:
-        since = data_commits[-retain_commits].completion
+    if since is not None:
         doomed = listed - needed_files(storage, config, timeline, since)
     # Orphans (whatever the window): files on storage that no commit lists, of instants that
     # completed or were rolled back (failed task attempts, compaction runs that lost or crashed).
@@ -103,20 +145,21 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int = DEFA
 
 
 def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
-          retain_commits: int = DEFAULT_RETAIN_COMMITS, heartbeat_timeout_s: float | None = None,
-          progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-    """Roll back expired writes, then delete what the retained window does not need. Returns the
-    clean's metadata (what was deleted; `earliest_retained`: where the window starts now, which
-    an earlier clean may have put later than the last `retain_commits` data commits), and
-    `retain_commits_start`, where those commits start. `progress(done, total)` is called while
-    deleting."""
-    if int(retain_commits) < 1:
-        raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
+          retain_commits: int | None = None, heartbeat_timeout_s: float | None = None,
+          progress: Callable[[int, int], None] | None = None, retain_hours: float | None = None) -> dict[str, Any]:
+    """Roll back expired writes, then delete what the retained window does not need: that of
+    the last `retain_commits` data commits (default 10), of reads as of the last `retain_hours`
+    hours, or, given both, of either (window_start). Returns the clean's metadata (what was
+    deleted; `earliest_retained`: where the window starts now, which an earlier clean may have
+    put later than this one's policy would), and `retain_commits_start`, where the window of
+    this one's policy starts (None: it retains every commit). `progress(done, total)` is
+    called while deleting."""
+    retain_commits = check_retention(retain_commits, retain_hours)
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
     rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
     _finish_pending_cleans(storage, clock)
     timeline = Timeline.load(storage)
-    plan = plan_clean(storage, config, retain_commits, timeline)
+    plan = plan_clean(storage, config, retain_commits, timeline, retain_hours)
     # The window never moves back: an earlier clean with fewer retained commits deleted what
     # reads before its window needed. (Readers take the greatest window of all cleans anyway.)
     current = earliest_retained(storage, timeline)

@@ -15,9 +15,10 @@ Usage:
                                             schedule and run a new one (prints its instant)
     nbcc compact URI --instant T            run (or finish) the scheduled compaction T
     nbcc compact URI --schedule-only        only schedule a compaction; prints its instant
-    nbcc clean URI [--retain-commits N] [--heartbeat-timeout-s S] [--quiet]
+    nbcc clean URI [--retain-commits N] [--retain-hours H] [--heartbeat-timeout-s S] [--quiet]
                                             roll back failed writes, delete the files no read of
-                                            the last N data commits needs
+                                            the last N data commits (or as of the last H hours)
+                                            needs
     nbcc archive URI [--retain-commits N]   move old instants into .nbcc/history/
     nbcc rollback URI INSTANT               roll back a write that did not complete
     nbcc restore URI --as-of T              make the table's rows those it had at T (one overwrite)
@@ -136,8 +137,9 @@ def _open(args: argparse.Namespace) -> Table:
     return Table.open(args.uri, args.storage_options)
 
 
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+def _n(count: float, noun: str) -> str:
+    number = f"{count:g}" if isinstance(count, float) else str(count)  # 168.0 hours: 168; 10**6 rows: all digits
+    return f"{number} {noun}{'' if count == 1 else 's'}"
 
 
 def _size(n: float) -> str:
@@ -318,20 +320,27 @@ def cmd_clean(args: argparse.Namespace) -> int:
         _note(f"warning: --heartbeat-timeout-s {timeout:g} is below the table's heartbeat_timeout_s "
               f"({table.config.heartbeat_timeout_s} s): writes still running whose heartbeat is older than "
               f"{timeout:g} s are rolled back, and will fail to commit")
+    commits = args.retain_commits or (DEFAULT_RETAIN_COMMITS if args.retain_hours is None else None)
     with _progress(args, "deleting", "file") as progress:
-        result = table.clean(args.retain_commits, timeout, progress)
+        result = table.clean(commits, timeout, progress, retain_hours=args.retain_hours)
     rolled_back = result.get("rolled_back") or []
     print(f"rolled back failed writes: {', '.join(rolled_back) if rolled_back else 'none'}")
+    hours = None if args.retain_hours is None else _n(args.retain_hours, "hour")
+    policy = " or ".join(([f"the last {commits} data commits"] if commits else [])
+                         + ([f"the last {hours}"] if hours else []))
+    # Why this clean's policy retains every commit: each policy it has does.
+    everything = " and ".join(([f"the table has {commits} or fewer data commits"] if commits else [])
+                              + ([f"no data commit completed more than {hours} ago"] if hours else []))
+    start = result.get("retain_commits_start")
     if result.get("earliest_retained") is None:
         # Orphans (files no commit lists) are deleted all the same.
-        print(f"no retained window yet: the table has {args.retain_commits} or fewer data commits")
-    elif result["earliest_retained"] == result.get("retain_commits_start"):
-        print(f"retained window starts at {result['earliest_retained']} "
-              f"(the last {args.retain_commits} data commits)")
+        print(f"no retained window yet: {everything}")
+    elif result["earliest_retained"] == start:
+        print(f"retained window starts at {result['earliest_retained']} ({policy})")
     else:  # a clean never moves the window back: what reads before it needed is gone
-        start = result.get("retain_commits_start")
-        why = (f"the last {args.retain_commits} data commits start at {start}" if start
-               else f"the table has {args.retain_commits} or fewer data commits")
+        why = f"reads of {policy} need the commits from {start} on" if start else everything
+        if start and args.retain_hours is None:
+            why = f"the last {commits} data commits start at {start}"
         print(f"retained window starts at {result['earliest_retained']}, where an earlier clean put it "
               f"({why}, but files that reads before the window needed were deleted)")
     deleted = len(result.get("deleted") or [])
@@ -505,6 +514,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _hours(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number of hours, 0 or more (e.g. 168 or 0.5), got {text!r}")
+    return value
+
+
 def _instant(text: str) -> str:
     """INSTANT and --instant: an instant time exactly as `nbcc timeline` prints it. (An ISO-8601
     time is not taken: it names a millisecond that no instant of the table need have.)"""
@@ -618,10 +637,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("clean", parents=[common], help="roll back failed writes and delete unneeded files",
                        description="Roll back writes whose heartbeat expired, then delete the files that no "
-                                   "read of the last N data commits needs. Time travel to before that "
-                                   "window fails afterwards.")
-    p.add_argument("--retain-commits", type=_positive_int, default=DEFAULT_RETAIN_COMMITS, metavar="N",
-                   help=f"data commits whose reads stay possible (default {DEFAULT_RETAIN_COMMITS})")
+                                   "read of the last N data commits needs, or no read as of a time in the last "
+                                   "H hours (given both: what either needs is kept). Time travel to before "
+                                   "that window fails afterwards.")
+    p.add_argument("--retain-commits", type=_positive_int, default=None, metavar="N",
+                   help=f"data commits whose reads stay possible (default {DEFAULT_RETAIN_COMMITS}, "
+                        "unless --retain-hours is given)")
+    p.add_argument("--retain-hours", type=_hours, default=None, metavar="H",
+                   help="keep reads as of any time in the last H hours possible (by this machine's clock), "
+                        "e.g. 168 for a week")
     p.add_argument("--heartbeat-timeout-s", type=_seconds, default=None, metavar="S",
                    help="roll back writes without a heartbeat for S seconds (default: the table's "
                         "heartbeat_timeout_s; a shorter one also rolls back writes still running)")
