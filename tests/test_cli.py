@@ -402,11 +402,21 @@ def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table
     written += [table.write(batch(range(4), version)) for version in (10, 11)]
     before_files = data_files(uri)
     before_rows = snapshot(table)
+    timeline = table.timeline()
+
+    # A dry run changes nothing, and says what the clean then does.
+    code, dry, err = run(capsys, "clean", uri, "--retain-commits", "2", "--heartbeat-timeout-s", "0", "--dry-run")
+    assert code == 0, err
+    assert (data_files(uri), table.timeline()) == (before_files, timeline)
+    assert f"would roll back failed writes: {failed.instant}" in dry
+    assert f"retained window would start at {completion_of(table, written[-2])}" in dry
+    listed = {line.strip() for line in dry.splitlines() if line.startswith("  ")}
 
     code, out, err = run(capsys, "clean", uri, "--retain-commits", "2", "--heartbeat-timeout-s", "0")
     assert code == 0, err
     after_files = data_files(uri)
     deleted = before_files - after_files
+    assert listed == deleted and f"{len(listed)} files would be deleted:" in dry
     assert deleted and after_files < before_files
     assert f"deleted {len(deleted)} files" in out
     window = completion_of(table, written[-2])  # the older of the last 2 data commits

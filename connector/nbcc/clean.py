@@ -30,7 +30,7 @@ from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
 from .filenames import data_file_path, parse_data_file
 from .metadata_table import open_metadata_table, prune, upkeep
-from .rollback import partition_folders, rollback_failed_writes
+from .rollback import failed_writes, partition_folders, rollback_failed_writes
 from .scan import files_to_merge
 from .storage import Storage
 from .timeline import (
@@ -146,18 +146,23 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int | None
 
 def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
           retain_commits: int | None = None, heartbeat_timeout_s: float | None = None,
-          progress: Callable[[int, int], None] | None = None, retain_hours: float | None = None) -> dict[str, Any]:
+          progress: Callable[[int, int], None] | None = None, retain_hours: float | None = None,
+          dry_run: bool = False) -> dict[str, Any]:
     """Roll back expired writes, then delete what the retained window does not need: that of
     the last `retain_commits` data commits (default 10), of reads as of the last `retain_hours`
     hours, or, given both, of either (window_start). Returns the clean's metadata (what was
     deleted; `earliest_retained`: where the window starts now, which an earlier clean may have
     put later than this one's policy would), and `retain_commits_start`, where the window of
     this one's policy starts (None: it retains every commit). `progress(done, total)` is
-    called while deleting."""
+    called while deleting. `dry_run`: change nothing; the same result says what would be
+    rolled back and deleted, and where the window would start (Delta's VACUUM DRY RUN)."""
     retain_commits = check_retention(retain_commits, retain_hours)
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
-    rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
-    _finish_pending_cleans(storage, clock)
+    if dry_run:  # the files of writes it would roll back go with the rollback, not in its plan
+        rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]
+    else:
+        rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
+        _finish_pending_cleans(storage, clock)
     timeline = Timeline.load(storage)
     plan = plan_clean(storage, config, retain_commits, timeline, retain_hours)
     # The window never moves back: an earlier clean with fewer retained commits deleted what
@@ -166,6 +171,9 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     window = max((w for w in (plan.earliest_retained, current) if w is not None), default=None)
     result: dict[str, Any] = {"action": CLEAN, "earliest_retained": window,
                               "deleted": [], "rolled_back": rolled_back, "files": []}
+    if dry_run:
+        return {**result, "deleted": [list(d) for d in plan.delete], "dry_run": True,
+                "retain_commits_start": plan.earliest_retained}
     if not plan.delete and window == current:
         _index_in_step(storage)
         return {**result, "retain_commits_start": plan.earliest_retained}  # nothing new: no clean instant

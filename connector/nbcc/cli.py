@@ -15,7 +15,7 @@ Usage:
                                             schedule and run a new one (prints its instant)
     nbcc compact URI --instant T            run (or finish) the scheduled compaction T
     nbcc compact URI --schedule-only        only schedule a compaction; prints its instant
-    nbcc clean URI [--retain-commits N] [--retain-hours H] [--heartbeat-timeout-s S] [--quiet]
+    nbcc clean URI [--retain-commits N] [--retain-hours H] [--heartbeat-timeout-s S] [--dry-run] [--quiet]
                                             roll back failed writes, delete the files no read of
                                             the last N data commits (or as of the last H hours)
                                             needs
@@ -322,9 +322,11 @@ def cmd_clean(args: argparse.Namespace) -> int:
               f"{timeout:g} s are rolled back, and will fail to commit")
     commits = args.retain_commits or (DEFAULT_RETAIN_COMMITS if args.retain_hours is None else None)
     with _progress(args, "deleting", "file") as progress:
-        result = table.clean(commits, timeout, progress, retain_hours=args.retain_hours)
+        result = table.clean(commits, timeout, progress, retain_hours=args.retain_hours, dry_run=args.dry_run)
+    would = "would be " if args.dry_run else ""  # a dry run's lines say what a clean would do
     rolled_back = result.get("rolled_back") or []
-    print(f"rolled back failed writes: {', '.join(rolled_back) if rolled_back else 'none'}")
+    print(f"{'would roll back' if args.dry_run else 'rolled back'} failed writes: "
+          f"{', '.join(rolled_back) if rolled_back else 'none'}")
     hours = None if args.retain_hours is None else _n(args.retain_hours, "hour")
     policy = " or ".join(([f"the last {commits} data commits"] if commits else [])
                          + ([f"the last {hours}"] if hours else []))
@@ -332,19 +334,25 @@ def cmd_clean(args: argparse.Namespace) -> int:
     everything = " and ".join(([f"the table has {commits} or fewer data commits"] if commits else [])
                               + ([f"no data commit completed more than {hours} ago"] if hours else []))
     start = result.get("retain_commits_start")
+    starts = "would start" if args.dry_run else "starts"
     if result.get("earliest_retained") is None:
         # Orphans (files no commit lists) are deleted all the same.
         print(f"no retained window yet: {everything}")
     elif result["earliest_retained"] == start:
-        print(f"retained window starts at {result['earliest_retained']} ({policy})")
+        print(f"retained window {starts} at {result['earliest_retained']} ({policy})")
     else:  # a clean never moves the window back: what reads before it needed is gone
         why = f"reads of {policy} need the commits from {start} on" if start else everything
         if start and args.retain_hours is None:
             why = f"the last {commits} data commits start at {start}"
-        print(f"retained window starts at {result['earliest_retained']}, where an earlier clean put it "
+        print(f"retained window {starts} at {result['earliest_retained']}, where an earlier clean put it "
               f"({why}, but files that reads before the window needed were deleted)")
-    deleted = len(result.get("deleted") or [])
-    print(f"deleted {_n(deleted, 'file')}")
+    deleted = result.get("deleted") or []
+    if not args.dry_run:
+        print(f"deleted {_n(len(deleted), 'file')}")
+        return 0
+    print(f"{_n(len(deleted), 'file')} {would}deleted{':' if deleted else ''}")
+    for partition, name in deleted:
+        print(f"  {partition}/{name}" if partition else f"  {name}")
     return 0
 
 
@@ -649,6 +657,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout-s", type=_seconds, default=None, metavar="S",
                    help="roll back writes without a heartbeat for S seconds (default: the table's "
                         "heartbeat_timeout_s; a shorter one also rolls back writes still running)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="change nothing: list the writes it would roll back and the files it would delete")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_clean)
 

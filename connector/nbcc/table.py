@@ -501,14 +501,16 @@ class Table:
 
     def clean(self, retain_commits: int | None = None, heartbeat_timeout_s: float | None = None,
               progress: Callable[[int, int], None] | None = None, *,
-              retain_hours: float | None = None) -> dict[str, Any]:
+              retain_hours: float | None = None, dry_run: bool = False) -> dict[str, Any]:
         """Roll back writes whose heartbeat expired, then delete the files that no read of the
         last `retain_commits` data commits (default 10) needs, or, with `retain_hours`, no read
         as of a time in the last `retain_hours` hours (Delta's retention duration, Hudi's
-        KEEP_LATEST_BY_HOURS); given both, what either needs is kept. Returns what was done.
-        Time travel to before that window fails afterwards with a clear error."""
+        KEEP_LATEST_BY_HOURS); given both, what either needs is kept. Returns what was done
+        (`rolled_back`, `deleted`: [partition, file name] pairs, `earliest_retained`). Time
+        travel to before that window fails afterwards with a clear error. `dry_run=True`
+        changes nothing and returns what would be done."""
         return clean(self.storage, self.config, self.clock, retain_commits, heartbeat_timeout_s, progress,
-                     retain_hours)
+                     retain_hours, dry_run)
 
     def archive(self, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> dict[str, Any]:
         """Move instants older than the retained window into .nbcc/history/ (reads stay the same;
