@@ -25,6 +25,7 @@ the list of valid options (spark_conf/nbcc-defaults.conf documents each, with it
                                           | dynamic (only the partitions the input has rows in)
     replaceWhere                          with mode overwrite: replace the partitions matching
                                           this condition on partition columns (Delta's)
+    userMetadata                          text recorded with the commit (nbcc history shows it)
     storage.*                             S3 options, e.g. storage.endpoint_url
 """
 

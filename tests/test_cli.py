@@ -132,10 +132,10 @@ def test_timeline_json_and_pending_instants(local_table, capsys):
 def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     uri, _ = local_table
     table, _ = make_table(uri, commits=2)  # 8 rows each, ids 0-7: even ids in p=a, odd in p=b
-    table.write(batch([1], 2), operation="delete")
+    table.write(batch([1], 2), operation="delete", user_metadata="ticket 42")
     table.write(batch([0, 2], 3, parts=("a",)), mode="overwrite", replace_where="p = 'a'")
     table.write(batch([3], 4, parts=("c",)), mode="overwrite", replace_where=[("p", "in", ["c", "d"])])
-    table.delete([("v", "=", 3)])  # ids 0 and 2
+    table.delete([("v", "=", 3)], user_metadata="cleanup job")  # ids 0 and 2
     table.delete_partitions([("p", "=", "c")])
     table.compact()
     restored = table.restore(completion_of(table, table.timeline()[2].instant))  # after the delete
@@ -151,10 +151,10 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     assert seen[:7] == [
         ("upsert", 8, 2, ("p=a", "p=b"), {}),
         ("upsert", 8, 2, ("p=a", "p=b"), {}),
-        ("delete", 1, 1, ("p=b",), {}),
+        ("delete", 1, 1, ("p=b",), {"user_metadata": "ticket 42"}),
         ("overwrite", 2, 1, ("p=a",), {"replace_where": "p = 'a'", "replaced_partitions": ["p=a"]}),
         ("overwrite", 1, 1, ("p=c",), {"replace_where": "p IN ('c', 'd')", "replaced_partitions": ["p=c"]}),
-        ("delete", 2, 1, ("p=a",), {"condition": "v = 3"}),
+        ("delete", 2, 1, ("p=a",), {"user_metadata": "cleanup job", "condition": "v = 3"}),
         ("delete_partition", 0, 0, ("p=c",), {"condition": "p = 'c'", "replaced_partitions": ["p=c"]}),
     ]
     compaction, restore, clean = history[2], history[1], history[0]
@@ -165,6 +165,13 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     assert (restore.instant, restore.operation, restore.parameters) == (
         restored, "restore", {"restored_as_of": completion_of(table, table.timeline()[2].instant)})
     assert restore.rows == 7 and restore.partitions == ("p=a", "p=b")  # ids 0-7 but 1
+    # A restore is a replacecommit: it replaces every partition, those it writes no row to too.
+    assert [c.replaces_table for c in history] == [c.action == "replacecommit" for c in history] and \
+        restore.replaces_table
+    # Who completed each commit: this process's user and machine.
+    import getpass
+    import socket
+    assert {(c.user, c.host) for c in history if c.action != "indexing"} == {(getpass.getuser(), socket.gethostname())}
     assert (clean.action, clean.rows, clean.bytes, clean.files) == ("clean", None, None, deleted) and deleted > 0
     assert table.history(limit=2) == history[:2]
     with pytest.raises(nbcc.InvalidOptionError, match="limit must be a positive whole number of commits; got 0"):
@@ -173,13 +180,14 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     code, out, _ = run(capsys, "history", uri)
     assert code == 0
     assert out.splitlines()[0].split() == ["COMPLETION", "INSTANT", "ACTION", "OPERATION", "ROWS", "FILES", "BYTES",
-                                           "PARTITIONS", "PARAMETERS"]
+                                           "PARTITIONS", "BY", "PARAMETERS"]
     lines = out.splitlines()[1:]
-    assert [line.split()[:8] for line in lines] == [
+    assert [line.split()[:9] for line in lines] == [
         [c.completion, c.instant, c.action, c.operation, "-" if c.rows is None else str(c.rows), str(c.files),
-         "-" if c.bytes is None else str(c.bytes), str(len(c.partitions))] for c in history]
+         "-" if c.bytes is None else str(c.bytes), "all" if c.action == "replacecommit" else str(len(c.partitions)),
+         f"{getpass.getuser()}@{socket.gethostname()}"] for c in history]
     assert lines[-4].endswith("replace_where=p = 'a'")  # the partitions replaced are in PARTITIONS
-    assert lines[-6].endswith("condition=v = 3") and lines[-1].endswith("-")
+    assert lines[-6].endswith("user_metadata=cleanup job, condition=v = 3") and lines[-1].endswith("-")
     code, out, _ = run(capsys, "history", uri, "--limit", "3", "--json")
     assert code == 0 and json.loads(out) == [c.to_dict() for c in history[:3]]
     assert json.loads(out)[2]["partitions"] == ["p=a", "p=b"]  # by name
@@ -187,6 +195,12 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     table.archive(retain_commits=1)
     assert any(i.archived for i in table.timeline()) and table.history() == history
     assert run(capsys, "history", uri, "--limit", "0")[0] == 2
+    with pytest.raises(nbcc.InvalidOptionError, match="user_metadata must be text"):
+        table.write(batch([1], 9), user_metadata=42)
+    # A table without partition columns: PARTITIONS says so.
+    flat, _ = make_table(uri + "-flat", commits=1, partitioned=False)
+    code, out, _ = run(capsys, "history", flat.uri)
+    assert out.splitlines()[1].split()[7] == "-"
 
 
 def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what_a_read_opens(local_table, capsys):

@@ -159,7 +159,8 @@ def test_replace_where_replaces_the_matching_partitions_and_every_row_must_match
     df.write.format("nbcc").mode("append").option("record_key", "id").option("partition_by", "day").save(uri)
     # Delta's form: d1, d2 and d3 are replaced, d3 with no rows (emptied); d0 and d4 keep theirs.
     new = spark.createDataFrame([(100, "n", "d1"), (101, "n", "d2")], "id long, v string, day string").repartition(2)
-    new.write.format("nbcc").mode("overwrite").option("replaceWhere", "day BETWEEN 'd1' AND 'd3'").save(uri)
+    new.write.format("nbcc").mode("overwrite").option("replaceWhere", "day BETWEEN 'd1' AND 'd3'") \
+        .option("userMetadata", "rebuild d1-d3").save(uri)
     assert sorted(r.id for r in spark.read.format("nbcc").load(uri).collect()) == [0, 4, 5, 9, 100, 101]
     done = nbcc.Table.open(uri).timeline()[-1]
     meta = read_commit_metadata(nbcc.Table.open(uri).storage, done)
@@ -168,7 +169,8 @@ def test_replace_where_replaces_the_matching_partitions_and_every_row_must_match
     [latest] = nbcc.Table.open(uri).history(limit=1)  # what nbcc history shows of it
     assert (latest.instant, latest.rows, latest.partitions, latest.parameters) == (
         done.instant, 2, ("day=d1", "day=d2", "day=d3"),
-        {"replace_where": "day BETWEEN 'd1' AND 'd3'", "replaced_partitions": ["day=d1", "day=d2", "day=d3"]})
+        {"user_metadata": "rebuild d1-d3", "replace_where": "day BETWEEN 'd1' AND 'd3'",
+         "replaced_partitions": ["day=d1", "day=d2", "day=d3"]})
     # A row outside the condition fails the job, and its instant is rolled back: nothing changes.
     timeline = nbcc.Table.open(uri).timeline()
     with pytest.raises(Exception, match=r"[12] row\(s\) do not match replaceWhere \"day = 'd0'\" \(one has day=d[12]\)"):

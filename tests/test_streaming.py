@@ -148,14 +148,14 @@ def test_each_micro_batch_is_one_commit_with_its_stream_and_batch_id(spark, tmp_
         _rows(range(5, 15), "b", ts=2),  # updates 5..14
     ])
     # Several tasks per micro-batch: they share one instant.
-    query = _sink(_file_stream(spark, inputs).repartition(3), uri, tmp_path / "ckpt")
+    query = _sink(_file_stream(spark, inputs).repartition(3), uri, tmp_path / "ckpt", userMetadata="orders feed")
     _run(query)
 
     commits = _data_commits(uri)
     assert [(c["action"], c["stream_id"], c["batch_id"], c["rows"]) for c in commits] == [
         ("deltacommit", query.id, 0, 10), ("deltacommit", query.id, 1, 10), ("deltacommit", query.id, 3, 10)]
     assert [(c.operation, c.parameters) for c in nbcc.Table.open(uri).history()] == [
-        ("upsert", {"stream_id": query.id, "batch_id": b}) for b in (3, 1, 0)]
+        ("upsert", {"user_metadata": "orders feed", "stream_id": query.id, "batch_id": b}) for b in (3, 1, 0)]
     assert len({f["name"].rsplit("_", 1)[1].split("-")[0] for f in commits[0]["files"]}) > 1, \
         "expected the files of several tasks in one commit"
     assert _spark_commits(tmp_path / "ckpt") == [0, 1, 2, 3]

@@ -887,7 +887,7 @@ def test_columns_errors_say_what_is_wrong(local_table):
             (["v", 3], "columns must be a non-empty list"),
             (["v", "nosuch"], r"columns \['nosuch'\] are not in the table \(as of the time read\); its columns are "
                               r"\['id', 'region', 'ts', 'v'\]"),
-            (["v", "id", "v"], r"columns names \['v'\] more than once"),
+            (["v", "id", "v"], r"columns lists \['v'\] more than once"),
             (["_nbcc_commit_time"], r"meta columns: read them with include_meta_columns=True")):
         with pytest.raises(nbcc.InvalidOptionError, match=message):
             table.read(columns=columns)

@@ -40,6 +40,7 @@ from .timeline import (
     TIMELINE_DIR,
     Instant,
     Timeline,
+    committed_by,
     create_completed,
     earliest_retained,
     is_completed,
@@ -169,7 +170,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     # reads before its window needed. (Readers take the greatest window of all cleans anyway.)
     current = earliest_retained(storage, timeline)
     window = max((w for w in (plan.earliest_retained, current) if w is not None), default=None)
-    result: dict[str, Any] = {"action": CLEAN, "earliest_retained": window,
+    result: dict[str, Any] = {"action": CLEAN, "earliest_retained": window, **committed_by(),
                               "deleted": [], "rolled_back": rolled_back, "files": []}
     if dry_run:
         return {**result, "deleted": [list(d) for d in plan.delete], "dry_run": True,

@@ -222,7 +222,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
 
 
 def cmd_history(args: argparse.Namespace) -> int:
-    commits = _open(args).history(args.limit)
+    table = _open(args)
+    commits = table.history(args.limit)
     if args.json:
         _print_json([c.to_dict() for c in commits])
         return 0
@@ -234,10 +235,16 @@ def cmd_history(args: argparse.Namespace) -> int:
     def number(n: int | None) -> str:
         return "-" if n is None else str(n)
 
-    _print_table(["COMPLETION", "INSTANT", "ACTION", "OPERATION", "ROWS", "FILES", "BYTES", "PARTITIONS",
+    def partitions(c: Any) -> str:  # "-": the table has none; "all": every one was replaced
+        return "-" if not table.config.partition_by else "all" if c.replaces_table else str(len(c.partitions))
+
+    def by(c: Any) -> str:
+        return "@".join(p for p in (c.user, c.host) if p) or "-"
+
+    _print_table(["COMPLETION", "INSTANT", "ACTION", "OPERATION", "ROWS", "FILES", "BYTES", "PARTITIONS", "BY",
                   "PARAMETERS"],
                  [[c.completion, c.instant, c.action, c.operation, number(c.rows), str(c.files), number(c.bytes),
-                   str(len(c.partitions)), parameters(c)] for c in commits])
+                   partitions(c), by(c), parameters(c)] for c in commits])
     return 0
 
 

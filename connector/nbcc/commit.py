@@ -32,6 +32,7 @@ from .rollback import rollback_instant, rollback_or_log
 from .timeline import (
     REPLACE_PARTITIONS,
     Timeline,
+    committed_by,
     create_completed,
     create_inflight,
     create_requested,
@@ -53,6 +54,7 @@ class WriteTransaction:
     partition_depth: int = 0  # number of partition columns (a rollback lists that deep)
     format_version: int = FORMAT_VERSION  # the table's format version this write needs (§3)
     instant: str = ""
+    user_metadata: str | None = None  # recorded with the commit (the userMetadata option)
 
     def begin(self) -> str:
         info = {"operation": self.operation, "host": socket.gethostname(), "pid": os.getpid()}
@@ -100,6 +102,8 @@ class WriteTransaction:
             "files": files,
             "rows": sum(int(f["rows"]) for f in files),
             "bytes": sum(int(f["bytes"]) for f in files),
+            **committed_by(),
+            **({"user_metadata": self.user_metadata} if self.user_metadata is not None else {}),
             **(extra or {}),
         }
         if self.action == REPLACE_PARTITIONS:  # its scope (format.md §8)

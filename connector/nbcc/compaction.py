@@ -41,6 +41,7 @@ from .timeline import (
     TIMELINE_DIR,
     Instant,
     Timeline,
+    committed_by,
     create_completed,
     is_completed,
     read_compaction_plan,
@@ -136,7 +137,7 @@ def complete_compaction(storage: Storage, clock: TimeGenerator, tc: str, files: 
     """Complete compaction `tc` with `files`; its completion time, or None if another execution
     completed it first (then these files are never read; the cleaner removes them)."""
     plan = read_compaction_plan(storage, tc)
-    metadata = {"instant": tc, "action": COMPACTION_COMMIT, "operation": "compact", "schema": plan["schema"],
+    metadata = {"instant": tc, "action": COMPACTION_COMMIT, "operation": "compact", "schema": plan["schema"], **committed_by(),
                 "files": sorted(files, key=lambda f: (f["partition"], f["name"])),
                 "rows": sum(f["rows"] for f in files), "bytes": sum(f["bytes"] for f in files)}
     try:

@@ -44,6 +44,7 @@ PARTITION_OVERWRITE_MODE = "partitionoverwritemode"  # option names are matched 
 # Delta's option: an overwrite that replaces the partitions matching a condition, which every row
 # written must match (partition columns only: nbcc replaces whole partitions).
 REPLACE_WHERE = "replacewhere"
+USER_METADATA = "usermetadata"  # Delta's userMetadata: text recorded with the commit
 
 DEFAULT_BUCKETS = 16
 # File group ids carry the bucket as 8 digits (Hudi's form, §11), so bucket ids stop at 99999999.
@@ -197,6 +198,8 @@ WRITE_OPTIONS: dict[str, OptionSpec] = {
     REPLACE_WHERE: OptionSpec(_text, "with mode overwrite: replace the partitions that match this condition on "
                                      "partition columns, e.g. day >= '2026-11-01' AND day < '2026-11-08'; every row "
                                      "written must match it"),
+    USER_METADATA: OptionSpec(_text, "text recorded with the commit (each micro-batch's, for a stream), shown by "
+                                     "nbcc history: a job name, a ticket"),
 }
 READ_OPTIONS: dict[str, OptionSpec] = {
     "as_of": OptionSpec(_text, "time travel: a 17-digit instant time or an ISO-8601 timestamp (UTC if no zone)"),
@@ -238,7 +241,7 @@ STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
 
 # Options matched in lower case whose users know them in Spark's spelling: error messages use it.
 _SPELLED = {"checkpointlocation": "checkpointLocation", PARTITION_OVERWRITE_MODE: "partitionOverwriteMode",
-            REPLACE_WHERE: "replaceWhere"}
+            REPLACE_WHERE: "replaceWhere", USER_METADATA: "userMetadata"}
 
 STORAGE_PREFIX = "storage."
 # Spark adds these itself for load(path) / save(path).

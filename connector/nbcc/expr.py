@@ -61,7 +61,8 @@ class Predicate:
     type: pa.DataType | None = dataclass_field(default=None, compare=False)
 
     def describe(self) -> str:
-        """In SQL's spelling: `day IN ('a', 'b')`, `name LIKE 'x%'` for starts_with."""
+        """In SQL's spelling where SQL has one (`day IN ('a', 'b')`), else as a function call
+        (`starts_with(name, 'x')`)."""
         op, v = self.op, self.value
         if op in COMPARISONS:
             text = f"{self.column} {op} {_literal(v)}"

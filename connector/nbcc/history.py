@@ -9,21 +9,24 @@ from typing import Any
 
 from .errors import InvalidOptionError
 from .storage import Storage
-from .timeline import CLEAN, INDEXING, Timeline, read_commit_metadatas
+from .timeline import CLEAN, INDEXING, REPLACE_COMMIT, Timeline, read_commit_metadatas
 
 # Commit-metadata fields that say how a commit was asked for (Delta's operationParameters).
-_PARAMETERS = ("replace_where", "condition", "replaced_partitions", "restored_as_of", "stream_id", "batch_id",
-               "earliest_retained", "rolled_back")
+_PARAMETERS = ("user_metadata", "replace_where", "condition", "replaced_partitions", "restored_as_of", "stream_id",
+               "batch_id", "earliest_retained", "rolled_back")
 
 
 @dataclass(frozen=True)
 class CommitInfo:
-    """One completed instant. `rows`: rows written (a delete: the keys it deletes; a compaction:
-    the rows of its base files); None for a clean or an indexing, which write none. `files`:
-    data files written (a clean: files deleted). `partitions`: those it wrote to or replaced
-    (a clean: those it deleted files in). `parameters`: how it was asked for, as recorded
-    (`replace_where`, `condition`, `replaced_partitions`, `restored_as_of`, `stream_id` and
-    `batch_id`; a clean's `earliest_retained` and `rolled_back`; an indexing's `built`)."""
+    """One completed instant. `rows`: rows written (a delete: the keys it names, whether or not
+    they existed; a compaction: the rows of its base files); None for a clean or an indexing,
+    which write none. `files`: data files written (a clean: files deleted). `partitions`: those
+    it wrote to (a clean: those it deleted files in) or, `replacepartitions`, replaced;
+    `replaces_table`: it replaced every partition (a `replacecommit`: an overwrite or a
+    restore). `user`, `host`: who completed it (None before nbcc recorded them).
+    `parameters`: how it was asked for, as recorded (`user_metadata`, `replace_where`,
+    `condition`, `replaced_partitions`, `restored_as_of`, `stream_id` and `batch_id`; a clean's
+    `earliest_retained` and `rolled_back`; an indexing's `built`)."""
 
     instant: str
     completion: str
@@ -33,6 +36,9 @@ class CommitInfo:
     files: int
     bytes: int | None
     partitions: tuple[str, ...]
+    replaces_table: bool = False
+    user: str | None = None
+    host: str | None = None
     parameters: dict[str, Any] = field(default_factory=dict, hash=False)
 
     def to_dict(self) -> dict[str, Any]:
@@ -54,14 +60,16 @@ def commit_history(storage: Storage, limit: int | None = None) -> list[CommitInf
 
 def _commit_info(instant: str, completion: str, action: str, meta: dict[str, Any]) -> CommitInfo:
     parameters = {k: meta[k] for k in _PARAMETERS if k in meta}
+    who = {"user": meta.get("user"), "host": meta.get("host")}
     if action == CLEAN:
         deleted = meta.get("deleted", [])
         return CommitInfo(instant, completion, action, CLEAN, None, len(deleted), None,
-                          tuple(sorted({partition for partition, _ in deleted} - {""})), parameters)
+                          tuple(sorted({partition for partition, _ in deleted} - {""})), **who, parameters=parameters)
     if action == INDEXING:
         return CommitInfo(instant, completion, action, INDEXING, None, 0, None, (),
-                          {"built": list(meta.get("ready", []))})
+                          parameters={"built": list(meta.get("ready", []))})
     files = meta.get("files", [])
     partitions = {f["partition"] for f in files}.union(meta.get("replaced_partitions", [])) - {""}  # "": none
     return CommitInfo(instant, completion, action, meta.get("operation") or action, int(meta.get("rows", 0)),
-                      len(files), int(meta.get("bytes", 0)), tuple(sorted(partitions)), parameters)
+                      len(files), int(meta.get("bytes", 0)), tuple(sorted(partitions)),
+                      replaces_table=action == REPLACE_COMMIT, **who, parameters=parameters)

@@ -151,7 +151,7 @@ class ReadOptions:
                                      "before and after); select from the result instead")
         repeated = sorted({c for c in columns if list(columns).count(c) > 1})
         if repeated:
-            raise InvalidOptionError(f"columns names {repeated} more than once")
+            raise InvalidOptionError(f"columns lists {repeated} more than once")
         meta = [f.name for f in META_OUTPUT_FIELDS]
         unknown = [c for c in columns if c not in schema.names and c not in meta]
         if unknown:

@@ -99,6 +99,11 @@ class ReplaceWhere:
 
 
 
+def _check_user_metadata(user_metadata: Any) -> None:
+    if user_metadata is not None and not isinstance(user_metadata, str):
+        raise InvalidOptionError(f"user_metadata must be text (a job name, a ticket); got {user_metadata!r}")
+
+
 def _file_in_the_way(storage: Storage) -> str:
     """Which file stands where a table's folder (or one of its parents) must be."""
     found = storage.file_in_the_way()
@@ -330,7 +335,7 @@ class Table:
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
               partition_overwrite_mode: str = STATIC, max_log_file_bytes: int | None = None,
               compaction_delta_commits: int | None = None, compaction_inline: bool = False,
-              replace_where: Any = None) -> str | None:
+              replace_where: Any = None, user_metadata: str | None = None) -> str | None:
         """Write `data` as one commit; returns its instant (None: a partition deletion of no rows,
         which writes nothing).
 
@@ -345,17 +350,20 @@ class Table:
         Bad data raises before anything is written when `data` is a Table; a stream that turns
         bad part-way, or a write failing for any other reason, is rolled back at once.
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
-        the last one (and runs it here too with `compaction_inline=True`)."""
+        the last one (and runs it here too with `compaction_inline=True`). `user_metadata`: text
+        recorded with the commit (Delta's userMetadata), shown by `history()`."""
         schema, batches = _as_batches(data)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
         return self._write(schema, batches, operation, mode, partition_overwrite_mode, max_log_file_bytes,
                            compaction_delta_commits, compaction_inline,
-                           check_first=whole if isinstance(whole, pa.Table) else None, replace_where=replace_where)
+                           check_first=whole if isinstance(whole, pa.Table) else None, replace_where=replace_where,
+                           user_metadata=user_metadata)
 
     def _write(self, schema: pa.Schema, pieces: Iterator[pa.RecordBatch | pa.Table], operation: str, mode: str,
                partition_overwrite_mode: str, max_log_file_bytes: int | None, compaction_delta_commits: int | None,
                compaction_inline: bool, check_first: pa.Table | None = None, by_file_group: bool = False,
-               commit_extra: dict[str, Any] | None = None, replace_where: Any = None) -> str | None:
+               commit_extra: dict[str, Any] | None = None, replace_where: Any = None,
+               user_metadata: str | None = None) -> str | None:
         """`write` of `pieces` (record batches of `schema`). `check_first`: the whole data, to
         check before the instant begins. `by_file_group`: each piece is one file group's rows (a
         restore's or a delete's, read one file group at a time), whose log file is closed before
@@ -363,6 +371,7 @@ class Table:
         (or replacing) the commit metadata's."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
+        _check_user_metadata(user_metadata)
         # Checked as the Spark options are: `operation` in any letter case, among the others.
         given, _ = parse_options({"operation": operation, "compaction_delta_commits": compaction_delta_commits,
                                   "compaction_inline": compaction_inline, "max_log_file_bytes": max_log_file_bytes,
@@ -377,6 +386,7 @@ class Table:
         if operation == DELETE_PARTITION:
             txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite", replace_where=replace_where)
             found = partitions_named(pieces, self.config, txn.schema)  # every bad row, before the instant begins
+            txn.user_metadata = user_metadata
             return compact_if_due(self._commit_deletion(txn, found)) if found else None
         replace = self.replace_filter(replace_where) if replace_where is not None else None
 
@@ -394,6 +404,7 @@ class Table:
                                check_first=check_all if check_first is not None else None,
                                partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC),
                                replace_where=replace)
+        txn.user_metadata = user_metadata
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):
@@ -453,13 +464,15 @@ class Table:
         values = partition_values(paths, self.config.partition_by, view.schema)
         return values.append_column("_path", pa.array(paths, pa.string())).filter(expression).column("_path").to_pylist()
 
-    def delete_partitions(self, filter: Any) -> str | None:
+    def delete_partitions(self, filter: Any, *, user_metadata: str | None = None) -> str | None:
         """Delete every row of the partitions whose values match `filter` (as `read`'s, on
         partition columns only, e.g. `[("day", "<", "2026-09-01")]`), with one commit that writes
         no files (Hudi's delete_partition); returns its instant, or None if no partition matched
         (nothing is written). Writes to those partitions that complete after it are kept. The old
-        files stay readable with `as_of` until a clean deletes them."""
+        files stay readable with `as_of` until a clean deletes them. `user_metadata`: as
+        `write`'s."""
         self._check_partitioned(_NOTHING_TO_DELETE)
+        _check_user_metadata(user_metadata)
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete_partitions needs a filter on partition columns, e.g. "
                                      "[('day', '<', '2026-09-01')]; to delete every row, overwrite the table "
@@ -469,6 +482,7 @@ class Table:
             return None
         current = self.schema()
         txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION)
+        txn.user_metadata = user_metadata
         return self._commit_deletion(txn, matched, describe(*parse_filter(filter, current)))
 
     # -- table services ----------------------------------------------------------------------
@@ -616,13 +630,13 @@ class Table:
                          filter=filter, use_metadata_table=use_metadata_table, columns=columns)
         return pa.RecordBatchReader.from_batches(plan.output_schema, iter_plan(self.storage, plan))
 
-    def restore(self, as_of: Any) -> str:
+    def restore(self, as_of: Any, *, user_metadata: str | None = None) -> str:
         """Make the table's rows those it had as of `as_of` (as `read(as_of=...)` gives them), in
         one overwrite commit; returns its instant. Nothing is lost: the commits that completed
         after `as_of` stay on the timeline, readable with `as_of` until a clean passes them, and
         writes that complete after the restore merge with its rows as usual. Columns added
         since `as_of` stay in the table, null in the restored rows. Reads one file group at a
-        time, so memory holds one file group's rows."""
+        time, so memory holds one file group's rows. `user_metadata`: as `write`'s."""
         if as_of is None or str(as_of).strip() == "":
             raise InvalidOptionError("restore needs the time to restore, as_of (an instant time or ISO-8601)")
         plan = self.plan(as_of=as_of)  # refuses a time before the oldest readable state
@@ -637,9 +651,10 @@ class Table:
         # An overwrite to readers; the timeline shows what it restored (Delta's history: RESTORE).
         return self._write(plan.output_schema, groups, UPSERT, "overwrite", STATIC, max_log_file_bytes=None,
                            compaction_delta_commits=None, compaction_inline=False, by_file_group=True,
-                           commit_extra={"operation": "restore", "restored_as_of": plan.options.as_of})
+                           commit_extra={"operation": "restore", "restored_as_of": plan.options.as_of},
+                           user_metadata=user_metadata)
 
-    def delete(self, filter: Any) -> str | None:
+    def delete(self, filter: Any, *, user_metadata: str | None = None) -> str | None:
         """Delete the records that match `filter` (as `read`'s: on any columns; SQL's DELETE ...
         WHERE) with one delete commit of their keys; returns its instant, or None if no record
         matches (nothing is written). The records are those of the snapshot this call reads:
@@ -647,7 +662,8 @@ class Table:
         value, so they win over every version written before them (README: merge modes),
         including that of a concurrent write that began before this delete and completes after
         it, whether or not it still matches. Reads one file group at a time; memory holds one
-        file group's matching rows."""
+        file group's matching rows. `user_metadata`: as `write`'s."""
+        _check_user_metadata(user_metadata)
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete needs a filter, e.g. [('status', '=', 'test')]; to delete every row, "
                                      "overwrite the table with no rows")
@@ -660,7 +676,7 @@ class Table:
         condition = describe(plan.options.predicates, plan.options.arrow_filter)
         return self._write(first.schema, itertools.chain([first], groups), DELETE, "append", STATIC,
                            max_log_file_bytes=None, compaction_delta_commits=None, compaction_inline=False,
-                           by_file_group=True, commit_extra={"condition": condition})
+                           by_file_group=True, commit_extra={"condition": condition}, user_metadata=user_metadata)
 
     def schema(self, as_of: Any = None) -> pa.Schema:
         """The schema: the created one plus columns that completed commits added (by `as_of`)."""

@@ -12,7 +12,9 @@ see from one listing of this folder, never from listing data folders.
 from __future__ import annotations
 
 import functools
+import getpass
 import json
+import socket
 import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -129,6 +131,16 @@ class Timeline:
 
 
 # -- commit metadata (immutable once written, so cached by file name) --------------------------
+def committed_by() -> dict[str, str]:
+    """Who completes a commit, for its metadata (`nbcc history`): this machine's name and the
+    operating system user, where one can be found (a container may run as a user without one)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 - KeyError, OSError: no name for this uid
+        return {"host": socket.gethostname()}
+    return {"host": socket.gethostname(), "user": user}
+
+
 
 _CACHE: "OrderedDict[tuple[str, str], dict[str, Any]]" = OrderedDict()
 _CACHE_LOCK = threading.Lock()

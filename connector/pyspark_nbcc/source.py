@@ -48,6 +48,7 @@ from nbcc.config import (
     PARTITION_OVERWRITE_MODE,
     READ_OPTIONS,
     REPLACE_WHERE,
+    USER_METADATA,
     STATIC,
     STREAM_READ_OPTIONS,
     WRITE_OPTIONS,
@@ -278,6 +279,7 @@ class DefaultSource(DataSource):
         options, storage_options = parse_options(self.options, WRITE_OPTIONS, "write")
         partition_overwrite_mode = options.pop(PARTITION_OVERWRITE_MODE, STATIC)
         replace_where = options.pop(REPLACE_WHERE, None)
+        user_metadata = options.pop(USER_METADATA, None)
         check_replace_where(replace_where, overwrite, check_partition_overwrite_mode(partition_overwrite_mode))
         if replace_where is not None:
             parse_replace_where(replace_where)  # its syntax, before a first write creates the table
@@ -286,6 +288,7 @@ class DefaultSource(DataSource):
         replace = table.replace_filter(replace_where) if replace_where is not None else None
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite,
                                 partition_overwrite_mode=partition_overwrite_mode, replace_where=replace)
+        txn.user_metadata = user_metadata
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger, replace)
 
     def streamWriter(self, schema: StructType, overwrite: bool):

@@ -46,6 +46,7 @@ from nbcc.config import (
     PARTITION_OVERWRITE_MODE,
     READ_OPTIONS,
     REPLACE_WHERE,
+    USER_METADATA,
     STREAM_READ_OPTIONS,
     STREAM_WRITE_OPTIONS,
     TableConfig,
@@ -110,6 +111,7 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
                 "micro-batches upsert, or in complete output mode each replaces the whole table; leave it out")
     parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
     stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
+    user_metadata = parsed.pop(USER_METADATA, None)
     parsed.pop("checkpointlocation", None)
     if parsed.get("operation") == DELETE_PARTITION:
         raise InvalidOptionError(
@@ -119,6 +121,7 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     table, arrow_schema, operation, max_bytes, trigger = open_for_write(
         uri, parsed, storage_options, schema, overwrite)
     template = table.prepare_write(arrow_schema, operation, overwrite)
+    template.user_metadata = user_metadata  # each micro-batch's commit records it
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
 
