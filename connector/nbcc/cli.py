@@ -52,7 +52,7 @@ import json
 import math
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS
@@ -529,16 +529,6 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _hours(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of hours, 0 or more (e.g. 168 or 0.5), got {text!r}")
-    return value
-
-
 def _instant(text: str) -> str:
     """INSTANT and --instant: an instant time exactly as `nbcc timeline` prints it. (An ISO-8601
     time is not taken: it names a millisecond that no instant of the table need have.)"""
@@ -558,16 +548,23 @@ def _time(text: str) -> str:
         raise argparse.ArgumentTypeError(str(exc).removeprefix("T=")) from None
 
 
-def _seconds(text: str) -> float:
-    # float() takes nan and inf too, with which no heartbeat ever counts as expired (nan compares
-    # false with everything): `clean` then silently rolled back nothing.
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, 0 or more (e.g. 30 or 2.5), got {text!r}")
-    return value
+def _duration(unit: str, examples: str) -> Callable[[str], float]:
+    """An argument type for a finite number of `unit`s, 0 or more. float() takes nan and inf too,
+    with which no heartbeat ever counts as expired and no commit as old enough (nan compares
+    false with everything): `clean` then silently did nothing."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"expected a number of {unit}, 0 or more (e.g. {examples}), got {text!r}")
+        return value
+    return parse
+
+
+_seconds = _duration("seconds", "30 or 2.5")
+_hours = _duration("hours", "168 or 0.5")
 
 
 _STORAGE_HELP = ("an S3 storage option (one of s3fs.S3FileSystem's), e.g. endpoint_url=http://host:9000, "
@@ -623,10 +620,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("history", parents=[common], help="what each completed instant did, latest first",
                        description="List the completed instants (archived ones too), latest completion first "
                                    "(Delta's DESCRIBE HISTORY): completion time, instant, action, operation, rows "
-                                   "written (a delete: keys deleted), data files written (a clean: files deleted), "
-                                   "bytes, how many partitions it wrote to or replaced, and how it was asked for "
-                                   "(replace_where, condition, restored_as_of, stream_id and batch_id, ...). "
-                                   "--json gives the partitions by name.")
+                                   "written (a delete: the keys it names), data files written (a clean: files "
+                                   "deleted), bytes, how many partitions it wrote to or replaced ('all' for a "
+                                   "replacecommit), the user@host that completed it, and how it was asked for "
+                                   "(user_metadata, replace_where, condition, restored_as_of, stream_id and "
+                                   "batch_id, ...). --json gives the partitions by name.")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="only the latest N")
     p.add_argument("--json", action="store_true", help="print a JSON list instead")
     p.set_defaults(func=cmd_history)
