@@ -60,3 +60,29 @@ def test_a_batch_read_option_error_is_not_mixed_with_the_stream_readers(spark, t
     with pytest.raises(Exception, match="as_of='yesterday' is not a time") as err:
         spark.read.format("nbcc").option("as_of", "yesterday").load(uri).collect()
     assert "readStream" not in str(err.value) and "unknown streaming read option" not in str(err.value)
+
+
+class _ArrowStreamExporter:
+    """Data of another library (Polars, pandas 2.2+, DuckDB): it only exports an Arrow stream
+    through the PyCapsule interface."""
+
+    def __init__(self, table: pa.Table):
+        self.table = table
+
+    def __arrow_c_stream__(self, requested_schema=None):
+        return self.table.__arrow_c_stream__(requested_schema)
+
+
+def test_data_that_exports_an_arrow_stream_is_written_as_one(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("name", pa.string()), ("ts", pa.int64())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", ordering_field="ts")
+    table.write(_ArrowStreamExporter(pa.table({"id": [1, 2], "name": ["a", "b"], "ts": [1, 1]}, schema=schema)))
+    table.write(_ArrowStreamExporter(pa.table({"id": [2], "name": ["b2"], "ts": [2]}, schema=schema)))
+    assert sorted(table.read().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "name": "a", "ts": 1}, {"id": 2, "name": "b2", "ts": 2}]
+    # Read as a stream: a bad row rolls the write back, and the rows stay as they were.
+    with pytest.raises(SchemaError, match="record key column 'id' has 1 null value"):
+        table.write(_ArrowStreamExporter(pa.table({"id": [None], "name": ["x"], "ts": [3]}, schema=schema)))
+    assert table.timeline()[-1].state == "rolledback" and table.read().num_rows == 2
+    with pytest.raises(InvalidOptionError, match=r"or export an Arrow stream \(__arrow_c_stream__"):
+        table.write(42)

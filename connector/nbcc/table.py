@@ -337,7 +337,9 @@ class Table:
               compaction_delta_commits: int | None = None, compaction_inline: bool = False,
               replace_where: Any = None, user_metadata: str | None = None) -> str | None:
         """Write `data` as one commit; returns its instant (None: a partition deletion of no rows,
-        which writes nothing).
+        which writes nothing). `data`: a pyarrow Table, RecordBatch, RecordBatchReader or
+        iterable of RecordBatch, or anything that exports an Arrow stream (a Polars or pandas
+        2.2+ data frame, a DuckDB result), read as a stream.
 
         `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key),
         "delete" (the rows' keys are deleted) or "delete_partition" (every row of the partitions
@@ -352,6 +354,7 @@ class Table:
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
         the last one (and runs it here too with `compaction_inline=True`). `user_metadata`: text
         recorded with the commit (Delta's userMetadata), shown by `history()`."""
+        data = _as_arrow(data)
         schema, batches = _as_batches(data)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
         return self._write(schema, batches, operation, mode, partition_overwrite_mode, max_log_file_bytes,
@@ -751,6 +754,15 @@ class Table:
                 f"partition_by={list(c.partition_by)}, buckets={c.buckets}, merge_mode={c.merge_mode!r})")
 
 
+def _as_arrow(data: Any) -> Any:
+    """Data of another library as Arrow: anything that exports an Arrow stream through the
+    PyCapsule interface (`__arrow_c_stream__`: Polars and pandas 2.2+ data frames, DuckDB
+    results) is read as a RecordBatchReader, without a copy where the exporter allows."""
+    if not isinstance(data, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)) and hasattr(data, "__arrow_c_stream__"):
+        return pa.RecordBatchReader.from_stream(data)
+    return data
+
+
 def _as_batches(data: Data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     if isinstance(data, pa.Table):
         return data.schema, iter(data.to_batches())
@@ -762,8 +774,9 @@ def _as_batches(data: Data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         batches = iter(data)
     except TypeError:
         raise InvalidOptionError(
-            f"data must be a pyarrow Table, RecordBatch, RecordBatchReader or iterable of RecordBatch; "
-            f"got {type(data).__name__}"
+            f"data must be a pyarrow Table, RecordBatch, RecordBatchReader or iterable of RecordBatch, or "
+            f"export an Arrow stream (__arrow_c_stream__: a Polars or pandas 2.2+ data frame, a DuckDB "
+            f"result); got {type(data).__name__}"
         ) from None
     try:
         first = next(batches)
