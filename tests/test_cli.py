@@ -187,7 +187,7 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
          "-" if c.bytes is None else str(c.bytes), "all" if c.action == "replacecommit" else str(len(c.partitions)),
          f"{getpass.getuser()}@{socket.gethostname()}"] for c in history]
     assert lines[-4].endswith("replace_where=p = 'a'")  # the partitions replaced are in PARTITIONS
-    assert lines[-6].endswith("user_metadata=cleanup job, condition=v = 3") and lines[-1].endswith("-")
+    assert lines[-6].endswith("user_metadata=cleanup job; condition=v = 3") and lines[-1].endswith("-")
     code, out, _ = run(capsys, "history", uri, "--limit", "3", "--json")
     assert code == 0 and json.loads(out) == [c.to_dict() for c in history[:3]]
     assert json.loads(out)[2]["partitions"] == ["p=a", "p=b"]  # by name
@@ -197,6 +197,10 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     assert run(capsys, "history", uri, "--limit", "0")[0] == 2
     with pytest.raises(nbcc.InvalidOptionError, match="user_metadata must be text"):
         table.write(batch([1], 9), user_metadata=42)
+    # Each commit is one line: a value with a line break or the separator is quoted.
+    table.write(batch([1], 9), user_metadata="run 7\nretry; manual")
+    code, out, _ = run(capsys, "history", uri, "--limit", "1")
+    assert len(out.splitlines()) == 2 and out.splitlines()[1].endswith('user_metadata="run 7\\nretry; manual"')
     # A table without partition columns: PARTITIONS says so.
     flat, _ = make_table(uri + "-flat", commits=1, partitioned=False)
     code, out, _ = run(capsys, "history", flat.uri)

@@ -863,14 +863,20 @@ def test_the_shipped_spark_properties_read_right_when_a_dataframe_is_queried_aga
         assert df.where("id >= 95 OR id < 5").count() == 10
 
 
-def test_a_filter_is_described_in_sqls_spelling_for_the_history():
-    from nbcc.expr import Predicate, describe, parse_filter
-    schema = pa.schema([("name", pa.string()), ("d", pa.date32()), ("ok", pa.bool_()), ("n", pa.int64())])
+def test_a_filter_is_described_as_given_in_sqls_spelling_for_the_history():
+    from nbcc.expr import describe
     spec = [("name", "=", "O'Brien"), ("d", ">=", dt.date(2026, 11, 1)), ("ok", "==", True),
-            ("n", "not in", [1, 2]), ("name", "is not null"), ("name", "starts_with", "x"),
+            ("n", "not in", [1, None]), ("name", "is not null"), ("name", "starts_with", "x"),
+            ("tiny", "<", 300),  # nbcc applies it as `tiny IS NOT NULL` on an int8 column: recorded as given
             pc.field("n") > 3]
-    assert describe(*parse_filter(spec, schema)) == (
-        "name = 'O''Brien' AND d >= DATE '2026-11-01' AND ok = true AND n NOT IN (1, 2) AND name IS NOT NULL "
-        "AND starts_with(name, 'x') AND (n > 3)")
-    assert Predicate("n", "in", (1, None), negated=True).describe() == "NOT (n IN (1, NULL))"
-    assert describe(()) == ""
+    assert describe(spec) == (
+        "name = 'O''Brien' AND d >= DATE '2026-11-01' AND ok = true AND n NOT IN (1, NULL) AND name IS NOT NULL "
+        "AND starts_with(name, 'x') AND tiny < 300 AND (n > 3)")
+    assert describe(("n", "=", 1)) == "n = 1" and describe([]) == ""
+    # A commit records it: a long IN list is abbreviated, and any text is cut at 1000 characters.
+    assert describe([("id", "in", list(range(0, 100_000, 2)))]) == \
+        "id IN (0, 2, 4, 6, 8, 10, 12, 14, 16, 18, ... 50000 values)"
+    assert "\n" not in describe([pc.field("id").isin(list(range(100_000)))])  # pyarrow prints it on lines
+    long = describe([pc.field("s") == "y" * 3000])
+    assert len(long) == 1000 and long.endswith("...")
+    assert describe("day = '" + "x" * 2000 + "'") == "day = '" + "x" * 990 + "..."

@@ -893,6 +893,13 @@ def test_columns_errors_say_what_is_wrong(local_table):
             table.read(columns=columns)
     with pytest.raises(nbcc.InvalidOptionError, match="columns does not apply to cdc output"):
         table.read(query_type="incremental", incremental_format="cdc", columns=["id"])
+    # A column added after the time read: said so.
+    first = table.timeline()[-1].completion
+    table.write(pa.Table.from_pylist([{"id": 2, "region": "eu", "ts": 1, "v": "b", "note": "n"}]))
+    with pytest.raises(nbcc.InvalidOptionError, match=rf"columns \['note'\] were added to the table after the time "
+                                                      rf"this read reads \({first}\); leave them out"):
+        table.read(as_of=first, columns=["id", "note"])
+    assert table.read(as_of=first, columns=["id", "v"]).to_pylist() == [{"id": 1, "v": "a"}]
 
 
 # -- errors ------------------------------------------------------------------------------------------

@@ -228,8 +228,12 @@ def cmd_history(args: argparse.Namespace) -> int:
         _print_json([c.to_dict() for c in commits])
         return 0
 
+    def value(v: Any) -> str:  # on one line, and never mistaken for the separator
+        text = v if isinstance(v, str) else json.dumps(v)
+        return json.dumps(text) if "; " in text or not text.isprintable() else text
+
     def parameters(c: Any) -> str:  # the partitions replaced are in PARTITIONS already
-        return ", ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}"
+        return "; ".join(f"{k}={value(v)}"
                          for k, v in c.parameters.items() if k != "replaced_partitions" and v != []) or "-"
 
     def number(n: int | None) -> str:

@@ -60,20 +60,6 @@ class Predicate:
     # and Arrow then compares a uint64 column as int64 (values >= 2**63 fail the cast).
     type: pa.DataType | None = dataclass_field(default=None, compare=False)
 
-    def describe(self) -> str:
-        """In SQL's spelling where SQL has one (`day IN ('a', 'b')`), else as a function call
-        (`starts_with(name, 'x')`)."""
-        op, v = self.op, self.value
-        if op in COMPARISONS:
-            text = f"{self.column} {op} {_literal(v)}"
-        elif op in ("in", "not_in"):
-            text = f"{self.column} {'IN' if op == 'in' else 'NOT IN'} ({', '.join(_literal(x) for x in v)})"
-        elif op in ("is_null", "is_not_null"):
-            text = f"{self.column} IS {'NULL' if op == 'is_null' else 'NOT NULL'}"
-        else:  # starts_with, ends_with, contains: as pyarrow names them (no wildcards to escape)
-            text = f"{op}({self.column}, {_literal(v)})"
-        return f"NOT ({text})" if self.negated else text
-
     # -- exact application -------------------------------------------------------------------
 
     def to_arrow(self) -> pc.Expression:
@@ -279,14 +265,43 @@ def _within_range(t: pa.DataType, op: str, value: Any) -> tuple[str, Any]:
     return ("is_not_null", None) if every else ("in", [])
 
 
-def describe(preds: Sequence[Predicate], extra: pc.Expression | None = None) -> str:
-    """A filter as one line of text for people (the commit metadata's `condition`, `nbcc
-    history`): predicates in SQL's spelling, joined by AND; a pyarrow expression as pyarrow
-    prints it."""
-    parts = [p.describe() for p in preds]
-    if extra is not None:
-        parts.append(" ".join(str(extra).split()))
-    return " AND ".join(parts)
+_LISTED_VALUES = 10  # of a longer IN list, the first ones are written out
+_DESCRIBED_CHARS = 1000  # a described filter is cut here: it goes into a commit file every plan reads
+
+
+def describe(spec: Any) -> str:
+    """A filter as given to `parse_filter` (which has accepted it), as one line of text for people
+    (the commit metadata's `condition`, `nbcc history`): tuples in SQL's spelling, their values as
+    given (not as nbcc rewrites them to apply them), joined by AND; a pyarrow expression as
+    pyarrow prints it, on one line. A long IN list is abbreviated and the whole is cut at 1000
+    characters: deleting 50,000 keys must not make a 300 KB commit file. SQL text (replaceWhere's)
+    is kept as given, cut alike."""
+    if isinstance(spec, str):
+        return _cut(spec)
+    items = [spec] if isinstance(spec, (tuple, pc.Expression)) else list(spec)
+    parts = []
+    for item in items:
+        if isinstance(item, pc.Expression):
+            parts.append(" ".join(str(item).split()))
+            continue
+        column, op = item[0], OPERATOR_ALIASES.get(str(item[1]).strip().lower(), str(item[1]).strip().lower())
+        value = item[2] if len(item) == 3 else None
+        if op in COMPARISONS:
+            parts.append(f"{column} {op} {_literal(value)}")
+        elif op in ("in", "not_in"):
+            values = list(value)
+            shown = ", ".join(_literal(v) for v in values[:_LISTED_VALUES])
+            more = f", ... {len(values)} values" if len(values) > _LISTED_VALUES else ""
+            parts.append(f"{column} {'IN' if op == 'in' else 'NOT IN'} ({shown}{more})")
+        elif op in ("is_null", "is_not_null"):
+            parts.append(f"{column} IS {'NULL' if op == 'is_null' else 'NOT NULL'}")
+        else:  # starts_with, ends_with, contains: as pyarrow names them (no wildcards to escape)
+            parts.append(f"{op}({column}, {_literal(value)})")
+    return _cut(" AND ".join(parts))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= _DESCRIBED_CHARS else text[:_DESCRIBED_CHARS - 3] + "..."
 
 
 def _literal(value: Any) -> str:

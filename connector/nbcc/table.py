@@ -289,7 +289,7 @@ class Table:
         condition = self.partition_condition(spec, schema, "replaceWhere replaces whole partitions; to replace the "
                                                        "rows that match a condition on other columns, delete them "
                                                        "(Table.delete, `nbcc delete`) and append the new rows")
-        text = replace_where if isinstance(replace_where, str) else describe(*parse_filter(spec, schema))
+        text = describe(replace_where if isinstance(replace_where, str) else spec)
         return ReplaceWhere(replace_where, spec, condition, text)
 
     def partition_condition(self, spec: Any, schema: pa.Schema,
@@ -486,7 +486,7 @@ class Table:
         current = self.schema()
         txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION)
         txn.user_metadata = user_metadata
-        return self._commit_deletion(txn, matched, describe(*parse_filter(filter, current)))
+        return self._commit_deletion(txn, matched, describe(filter))
 
     # -- table services ----------------------------------------------------------------------
 
@@ -589,6 +589,11 @@ class Table:
             if filter is not None:
                 options = options.with_filter(filter, schema)
             if columns is not None:
+                later = [c for c in columns if isinstance(c, str) and c not in schema.names
+                         and c in self.schema().names]
+                if later:  # say why, rather than that the table lacks a column it has
+                    raise InvalidOptionError(f"columns {later} were added to the table after the time this read "
+                                             f"reads ({options.as_of or options.end}); leave them out")
                 options = options.with_columns(columns, schema)
         return plan_scan(self.storage, self.config, options)
 
@@ -612,7 +617,9 @@ class Table:
         use_metadata_table: False plans from the timeline alone; by default the metadata table's
             ready partitions are used (same rows, fewer files read to plan).
         columns: the columns to return, in this order (default: all). Only these, the record
-            key's, the ordering field and the filter's columns are read from the files (not cdc).
+            key's, the ordering field and the tuple filters' columns are read from the files (with
+            a pyarrow expression filter, which may name any column, every column is read; not
+            for cdc).
         """
         plan = self.plan(as_of=as_of, query_type=query_type, begin=begin, end=end,
                          incremental_format=incremental_format, include_meta_columns=include_meta_columns,
@@ -676,7 +683,7 @@ class Table:
         first = next(groups, None)
         if first is None:
             return None
-        condition = describe(plan.options.predicates, plan.options.arrow_filter)
+        condition = describe(filter)
         return self._write(first.schema, itertools.chain([first], groups), DELETE, "append", STATIC,
                            max_log_file_bytes=None, compaction_delta_commits=None, compaction_inline=False,
                            by_file_group=True, commit_extra={"condition": condition}, user_metadata=user_metadata)

@@ -60,7 +60,7 @@ from nbcc.config import (
     parse_table_options,
 )
 from nbcc.conditions import parse_replace_where
-from nbcc.errors import InvalidOptionError, SchemaError, TableNotFoundError
+from nbcc.errors import InvalidOptionError, NbccError, SchemaError, TableNotFoundError
 from nbcc.expr import Predicate, check_value, supported_type
 from nbcc.filenames import make_token
 from nbcc.heartbeat import Heartbeat, interval_s
@@ -301,7 +301,7 @@ class DefaultSource(DataSource):
         from .streaming import RefusedStreamReader, stream_reader
         try:
             return stream_reader(self.options, schema, getattr(self, "_own_schema", None))
-        except Exception as exc:  # noqa: BLE001 - raised at Spark's first call (RefusedStreamReader)
+        except NbccError as exc:  # what is wrong, raised at Spark's first call (RefusedStreamReader)
             return RefusedStreamReader(exc)
 
 
