@@ -113,6 +113,7 @@ def test_timeline_json_and_pending_instants(local_table, capsys):
     table.write(batch([0], 6), mode="overwrite", partition_overwrite_mode="dynamic")
     table.delete_partitions([("p", "=", "b")])
     table.compact()
+    table.clean(retain_commits=1)
     written = [i.instant for i in table.timeline()]
     txn = table.begin_write(SCHEMA)  # left inflight
     code, out, _ = run(capsys, "timeline", uri, "--json")
@@ -124,7 +125,7 @@ def test_timeline_json_and_pending_instants(local_table, capsys):
         (i.instant, i.action, i.state, i.completion) for i in table.timeline()]
     assert [(d["action"], d["operation"]) for d in listed] == [("deltacommit", "upsert")] * 3 + [
         ("deltacommit", "delete"), ("replacepartitions", "overwrite"), ("replacepartitions", "delete_partition"),
-        ("commit", "compact"), ("deltacommit", None)]
+        ("commit", "compact"), ("clean", "clean"), ("deltacommit", None)]
     code, out, _ = run(capsys, "timeline", uri)
     assert rows_of(out)[-1] == [txn.instant, "deltacommit", "-", "inflight", "-"]
 

@@ -209,7 +209,8 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     # replacepartitions): from its commit metadata, cached, 10 at a time on S3; the archived
     # ones' from the history already read. Pending instants have none.
     metas = read_commit_metadatas(table.storage, timeline.completed())
-    operation = {instant: meta.get("operation") for instant, meta in metas.items()}
+    # A clean's and an index build's metadata name no operation: the action says it (as in history).
+    operation = {i.instant: metas[i.instant].get("operation") or i.action for i in timeline.completed()}
     instants = timeline.instants
     if args.json:
         _print_json([{"instant": i.instant, "action": i.action, "operation": operation.get(i.instant),
@@ -616,8 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("timeline", parents=[common], help="list the instants, oldest first",
                        description="List every instant (archived ones too), oldest first: instant, action, "
-                                   "operation (upsert, delete, overwrite, delete_partition, compact, ...; '-' "
-                                   "if not completed), state and completion time ('-' if not completed).")
+                                   "operation (upsert, delete, overwrite, delete_partition, compact, clean, ...; "
+                                   "'-' if not completed), state and completion time ('-' if not completed).")
     p.add_argument("--json", action="store_true", help="print a JSON list instead")
     p.set_defaults(func=cmd_timeline)
 
