@@ -55,7 +55,7 @@ import sys
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .clean import DEFAULT_RETAIN_COMMITS
+from .clean import DEFAULT_RETAIN_COMMITS, check_retention
 from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
 from .conditions import parse_condition, typed_condition, with_column_as_spelled
@@ -332,7 +332,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
         _note(f"warning: --heartbeat-timeout-s {timeout:g} is below the table's heartbeat_timeout_s "
               f"({table.config.heartbeat_timeout_s} s): writes still running whose heartbeat is older than "
               f"{timeout:g} s are rolled back, and will fail to commit")
-    commits = args.retain_commits or (DEFAULT_RETAIN_COMMITS if args.retain_hours is None else None)
+    commits = check_retention(args.retain_commits, args.retain_hours)
     with _progress(args, "deleting", "file") as progress:
         result = table.clean(commits, timeout, progress, retain_hours=args.retain_hours, dry_run=args.dry_run)
     would = "would be " if args.dry_run else ""  # a dry run's lines say what a clean would do

@@ -52,7 +52,7 @@ def commit_history(storage: Storage, limit: int | None = None) -> list[CommitInf
     them (only their commit files are read)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise InvalidOptionError(f"limit must be a positive whole number of commits; got {limit!r}")
-    completed = sorted(Timeline.load(storage).completed(), key=lambda i: (i.completion, i.instant), reverse=True)
+    completed = Timeline.load(storage).completed()[::-1]  # completed(): in completion order
     completed = completed[:limit] if limit is not None else completed
     metas = read_commit_metadatas(storage, completed)
     return [_commit_info(i.instant, i.completion, i.action, metas[i.instant]) for i in completed]

@@ -91,17 +91,16 @@ class ReplaceWhere:
     given: Any
     filter: list[Any]
     condition: pc.Expression
-    text: str  # as the commit metadata records it (`replace_where`, shown by `nbcc history`)
 
     def check(self, rows: pa.Table, partition_by: Sequence[str]) -> None:
         """Every row written must match (SchemaError otherwise)."""
         check_rows_match(rows, partition_by, self.condition, self.given)
 
+    @property
+    def text(self) -> str:
+        """As the commit metadata records it (`replace_where`, shown by `nbcc history`)."""
+        return describe(self.given if isinstance(self.given, str) else self.filter)
 
-
-def _check_user_metadata(user_metadata: Any) -> None:
-    if user_metadata is not None and not isinstance(user_metadata, str):
-        raise InvalidOptionError(f"user_metadata must be text (a job name, a ticket); got {user_metadata!r}")
 
 
 def _file_in_the_way(storage: Storage) -> str:
@@ -216,14 +215,16 @@ class Table:
 
     def prepare_write(self, incoming_schema: pa.Schema, operation: str = UPSERT,
                       overwrite: bool = False, partition_overwrite_mode: str = STATIC,
-                      replace_where: Any = None) -> WriteTransaction:
+                      replace_where: Any = None, user_metadata: str | None = None) -> WriteTransaction:
         """Check `incoming_schema` against the table's schema and make the transaction that writes
         it, not begun (a streaming sink begins one instant per micro-batch from it). An overwrite
         with `partition_overwrite_mode="dynamic"` replaces only the partitions it writes rows to
         (on a table without partition columns: the whole table, as in Spark); one with
         `replace_where` (`replace_filter`), the partitions that match it (the caller checks the
-        rows and names them at commit)."""
+        rows and names them at commit). `user_metadata`: text its commit records."""
         check_write_operation(operation, overwrite)
+        if user_metadata is not None and not isinstance(user_metadata, str):
+            raise InvalidOptionError(f"user_metadata must be text (a job name, a ticket); got {user_metadata!r}")
         partition_overwrite_mode = check_partition_overwrite_mode(partition_overwrite_mode)
         check_replace_where(replace_where, overwrite, partition_overwrite_mode)
         current = self.schema()
@@ -238,7 +239,7 @@ class Table:
                           delete=True)
             return WriteTransaction(self.storage, self.clock, REPLACE_PARTITIONS, DELETE_PARTITION, current,
                                     partition_depth=len(self.config.partition_by),
-                                    format_version=PARTITION_DELETE_VERSION)
+                                    format_version=PARTITION_DELETE_VERSION, user_metadata=user_metadata)
         missing = [c for c in self.config.record_key + self.config.partition_by if c not in incoming_schema.names]
         if missing:
             raise InvalidOptionError(
@@ -264,7 +265,7 @@ class Table:
         return WriteTransaction(
             self.storage, self.clock, action, "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
-            partition_depth=len(self.config.partition_by), format_version=version,
+            partition_depth=len(self.config.partition_by), format_version=version, user_metadata=user_metadata,
         )
 
     def replace_filter(self, replace_where: Any, schema: pa.Schema | None = None) -> "ReplaceWhere":
@@ -289,8 +290,7 @@ class Table:
         condition = self.partition_condition(spec, schema, "replaceWhere replaces whole partitions; to replace the "
                                                        "rows that match a condition on other columns, delete them "
                                                        "(Table.delete, `nbcc delete`) and append the new rows")
-        text = describe(replace_where if isinstance(replace_where, str) else spec)
-        return ReplaceWhere(replace_where, spec, condition, text)
+        return ReplaceWhere(replace_where, spec, condition)
 
     def partition_condition(self, spec: Any, schema: pa.Schema,
                           instead: str = "To delete the records that match a condition on other columns, use "
@@ -319,11 +319,13 @@ class Table:
 
     def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False,
                     check_first: Callable[[pa.Schema], None] | None = None,
-                    partition_overwrite_mode: str = STATIC, replace_where: Any = None) -> WriteTransaction:
+                    partition_overwrite_mode: str = STATIC, replace_where: Any = None,
+                    user_metadata: str | None = None) -> WriteTransaction:
         """Check `incoming_schema` and start an instant (the first half of a write; used by the
         Spark connector, whose tasks write the files). `check_first(table_schema)` runs after the
         schema checks and before the instant exists, so a failing check writes nothing."""
-        txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode, replace_where)
+        txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode, replace_where,
+                                 user_metadata)
         if check_first is not None:
             check_first(txn.schema)
         txn.begin()
@@ -374,7 +376,6 @@ class Table:
         (or replacing) the commit metadata's."""
         if mode not in ("append", "overwrite"):
             raise InvalidOptionError(f"mode must be 'append' or 'overwrite'; got {mode!r}")
-        _check_user_metadata(user_metadata)
         # Checked as the Spark options are: `operation` in any letter case, among the others.
         given, _ = parse_options({"operation": operation, "compaction_delta_commits": compaction_delta_commits,
                                   "compaction_inline": compaction_inline, "max_log_file_bytes": max_log_file_bytes,
@@ -387,9 +388,9 @@ class Table:
             return instant
 
         if operation == DELETE_PARTITION:
-            txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite", replace_where=replace_where)
+            txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite", replace_where=replace_where,
+                                     user_metadata=user_metadata)
             found = partitions_named(pieces, self.config, txn.schema)  # every bad row, before the instant begins
-            txn.user_metadata = user_metadata
             return compact_if_due(self._commit_deletion(txn, found)) if found else None
         replace = self.replace_filter(replace_where) if replace_where is not None else None
 
@@ -406,8 +407,7 @@ class Table:
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
                                check_first=check_all if check_first is not None else None,
                                partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC),
-                               replace_where=replace)
-        txn.user_metadata = user_metadata
+                               replace_where=replace, user_metadata=user_metadata)
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):
@@ -475,7 +475,6 @@ class Table:
         files stay readable with `as_of` until a clean deletes them. `user_metadata`: as
         `write`'s."""
         self._check_partitioned(_NOTHING_TO_DELETE)
-        _check_user_metadata(user_metadata)
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete_partitions needs a filter on partition columns, e.g. "
                                      "[('day', '<', '2026-09-01')]; to delete every row, overwrite the table "
@@ -484,8 +483,8 @@ class Table:
         if not matched:
             return None
         current = self.schema()
-        txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION)
-        txn.user_metadata = user_metadata
+        txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION,
+                                 user_metadata=user_metadata)
         return self._commit_deletion(txn, matched, describe(filter))
 
     # -- table services ----------------------------------------------------------------------
@@ -673,7 +672,6 @@ class Table:
         including that of a concurrent write that began before this delete and completes after
         it, whether or not it still matches. Reads one file group at a time; memory holds one
         file group's matching rows. `user_metadata`: as `write`'s."""
-        _check_user_metadata(user_metadata)
         if filter is None or (isinstance(filter, list) and not filter):
             raise InvalidOptionError("delete needs a filter, e.g. [('status', '=', 'test')]; to delete every row, "
                                      "overwrite the table with no rows")

@@ -287,8 +287,8 @@ class DefaultSource(DataSource):
             uri, options, storage_options, schema, overwrite)
         replace = table.replace_filter(replace_where) if replace_where is not None else None
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite,
-                                partition_overwrite_mode=partition_overwrite_mode, replace_where=replace)
-        txn.user_metadata = user_metadata
+                                partition_overwrite_mode=partition_overwrite_mode, replace_where=replace,
+                                user_metadata=user_metadata)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger, replace)
 
     def streamWriter(self, schema: StructType, overwrite: bool):

@@ -120,8 +120,8 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
             "`nbcc delete-partitions`")
     table, arrow_schema, operation, max_bytes, trigger = open_for_write(
         uri, parsed, storage_options, schema, overwrite)
-    template = table.prepare_write(arrow_schema, operation, overwrite)
-    template.user_metadata = user_metadata  # each micro-batch's commit records it
+    # Each micro-batch's commit records user_metadata.
+    template = table.prepare_write(arrow_schema, operation, overwrite, user_metadata=user_metadata)
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
 
