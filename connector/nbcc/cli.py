@@ -335,7 +335,6 @@ def cmd_clean(args: argparse.Namespace) -> int:
     commits = check_retention(args.retain_commits, args.retain_hours)
     with _progress(args, "deleting", "file") as progress:
         result = table.clean(commits, timeout, progress, retain_hours=args.retain_hours, dry_run=args.dry_run)
-    would = "would be " if args.dry_run else ""  # a dry run's lines say what a clean would do
     rolled_back = result.get("rolled_back") or []
     print(f"{'would roll back' if args.dry_run else 'rolled back'} failed writes: "
           f"{', '.join(rolled_back) if rolled_back else 'none'}")
@@ -353,16 +352,19 @@ def cmd_clean(args: argparse.Namespace) -> int:
     elif result["earliest_retained"] == start:
         print(f"retained window {starts} at {result['earliest_retained']} ({policy})")
     else:  # a clean never moves the window back: what reads before it needed is gone
-        why = f"reads of {policy} need the commits from {start} on" if start else everything
-        if start and args.retain_hours is None:
+        if not start:
+            why = everything
+        elif args.retain_hours is None:
             why = f"the last {commits} data commits start at {start}"
+        else:
+            why = f"reads of {policy} need the commits from {start} on"
         print(f"retained window {starts} at {result['earliest_retained']}, where an earlier clean put it "
               f"({why}, but files that reads before the window needed were deleted)")
     deleted = result.get("deleted") or []
     if not args.dry_run:
         print(f"deleted {_n(len(deleted), 'file')}")
         return 0
-    print(f"{_n(len(deleted), 'file')} {would}deleted{':' if deleted else ''}")
+    print(f"{_n(len(deleted), 'file')} would be deleted{':' if deleted else ''}")
     for partition, name in deleted:
         print(f"  {partition}/{name}" if partition else f"  {name}")
     return 0

@@ -38,6 +38,13 @@ OPERATORS = COMPARISONS + ("in", "not_in", "is_null", "is_not_null", "starts_wit
 OPERATOR_ALIASES = {"==": "=", "not in": "not_in", "is null": "is_null", "is not null": "is_not_null"}
 
 
+def canonical_operator(given: Any) -> str:
+    """A filter tuple's operator as nbcc names it: in any letter case, `==` as `=`, `not in` as
+    `not_in`, ... (OPERATOR_ALIASES)."""
+    op = str(given).strip().lower()
+    return OPERATOR_ALIASES.get(op, op)
+
+
 def supported_type(t: pa.DataType) -> bool:
     return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
             or pa.types.is_date32(t) or pa.types.is_boolean(t))
@@ -226,7 +233,7 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
     for item in spec:
         if len(item) not in (2, 3):
             raise InvalidOptionError(f"filter item {item!r} must be (column, op) or (column, op, value)")
-        column, op = item[0], OPERATOR_ALIASES.get(str(item[1]).strip().lower(), str(item[1]).strip().lower())
+        column, op = item[0], canonical_operator(item[1])
         value = item[2] if len(item) == 3 else None
         if op not in OPERATORS:
             raise InvalidOptionError(f"filter operator {item[1]!r} is unknown; use one of {', '.join(OPERATORS)}")
@@ -284,7 +291,7 @@ def describe(spec: Any) -> str:
         if isinstance(item, pc.Expression):
             parts.append(" ".join(str(item).split()))
             continue
-        column, op = item[0], OPERATOR_ALIASES.get(str(item[1]).strip().lower(), str(item[1]).strip().lower())
+        column, op = item[0], canonical_operator(item[1])
         value = item[2] if len(item) == 3 else None
         if op in COMPARISONS:
             parts.append(f"{column} {op} {_literal(value)}")
