@@ -24,7 +24,7 @@ from nbcc.index_view import read_rows
 from nbcc.metadata_table import COLUMN_STATS, FILES, KEY_FILTERS, KINDS, open_metadata_table, read_states
 from nbcc.scan import ReadOptions, read_plan, read_schema
 from nbcc.view import oldest_readable
-from nbcc.schema import merge_added_columns, schema_from_json
+from nbcc.schema import merge_commit_schemas, schema_from_json
 from nbcc.timeline import DATA_ACTIONS, Timeline, read_commit_metadatas
 from nbcc.writer import prepare
 from test_pushdown import pushdown
@@ -57,7 +57,7 @@ def schema_from_commit_files(t: nbcc.Table) -> pa.Schema:
     from its own file (not from the metadata table, nor from the schema this process folded)."""
     metas = read_commit_metadatas(t.storage, Timeline.load(t.storage).completed())  # completion order
     schemas = [schema_from_json(m["schema"]) for m in metas.values() if m.get("schema") is not None]
-    return merge_added_columns(t.config.schema, schemas)
+    return merge_commit_schemas(t.config.schema, schemas)
 
 
 def index_contents(t: nbcc.Table, instants: set[str] | None = None) -> dict[str, Any]:

@@ -176,10 +176,64 @@ def test_a_changed_type_is_refused_and_names_the_column():
     assert "'name'" not in msg and "'id'" not in msg
 
 
-def test_narrowing_is_refused_and_names_the_column():
-    table = pa.schema([pa.field("id", pa.int32(), nullable=False)])
-    with pytest.raises(SchemaError, match="'id'"):
-        evolve_schema(table, pa.schema([pa.field("id", pa.int64(), nullable=False)]))
+@pytest.mark.parametrize("column, incoming", [
+    (pa.int32(), pa.int64()), (pa.int8(), pa.int16()), (pa.uint16(), pa.uint64()), (pa.float32(), pa.float64()),
+], ids=str)
+def test_wider_integer_or_float_data_widens_the_column(column, incoming):
+    table = pa.schema([pa.field("id", column, nullable=False), pa.field("x", column), pa.field("s", pa.string())])
+    out = evolve_schema(table, pa.schema([("id", incoming), ("x", incoming), ("s", pa.string())]))
+    assert out == pa.schema([pa.field("id", incoming, nullable=False), pa.field("x", incoming),
+                             pa.field("s", pa.string())])
+    # Narrower data into the widened column is cast up, as before: the type stays.
+    assert evolve_schema(out, table).equals(out)
+
+
+@pytest.mark.parametrize("column, incoming", [
+    (pa.int32(), pa.float64()),  # another kind of number: an int64 does not fit a double
+    (pa.int32(), pa.uint64()),
+    (pa.uint32(), pa.int64()),
+    (pa.float32(), pa.int64()),
+    (pa.decimal128(10, 2), pa.decimal128(12, 2)),
+    (pa.timestamp("ms", tz="UTC"), pa.timestamp("ns", tz="UTC")),  # timestamps keep their unit
+    (pa.int32(), pa.string()),
+], ids=str)
+def test_other_type_changes_are_refused_and_name_the_column(column, incoming):
+    table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", column)])
+    with pytest.raises(SchemaError, match=rf"column 'x' has type {re.escape(str(incoming))} in the data but "
+                                          rf"{re.escape(str(column))} in the table; cast it to"):
+        evolve_schema(table, pa.schema([("id", pa.int64()), ("x", incoming)]))
+
+
+def test_a_delete_does_not_widen_a_column():
+    table = pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("x", pa.int32())])
+    with pytest.raises(SchemaError, match="'id' has type int64 in the data but int32 in the table; a delete "
+                                          "does not widen a column: cast its keys to int32"):
+        evolve_schema(table, pa.schema([("id", pa.int64())]), delete=True)
+
+
+def test_a_float_partition_column_does_not_widen_but_an_integer_one_does():
+    table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("f", pa.float32()),
+                       pa.field("n", pa.int16())])
+    with pytest.raises(SchemaError, match="partition column 'f' has type double in the data but float in the "
+                                          "table; its values name folders"):
+        evolve_schema(table, pa.schema([("id", pa.int64()), ("f", pa.float64()), ("n", pa.int16())]),
+                      partition_by=["f", "n"])
+    out = evolve_schema(table, pa.schema([("id", pa.int64()), ("f", pa.float32()), ("n", pa.int64())]),
+                        partition_by=["f", "n"])
+    assert out.field("n").type == pa.int64()
+
+
+def test_commit_schemas_widen_to_the_widest_in_any_completion_order():
+    from nbcc.schema import merge_commit_schemas
+    base = pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("v", pa.float32())])
+    wide = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.float32()),
+                      pa.field("added", pa.int16())])
+    wider = pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("v", pa.float64())])
+    want = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.float64()),
+                      pa.field("added", pa.int16())])
+    # A writer that began before a widening commits its narrower schema later: it narrows nothing.
+    assert merge_commit_schemas(base, [wide, wider, base]) == want
+    assert merge_commit_schemas(base, [base, wider, wide]) == want
 
 
 def test_a_missing_non_nullable_column_is_refused_and_names_the_column():

@@ -309,6 +309,29 @@ def test_schema_evolution_adds_nullable_column(spark, local_table):
     assert got == [Row(id=1, v="a", extra=None), Row(id=2, v="b", extra=None), Row(id=3, v="c", extra=3.5)]
 
 
+def test_wider_data_widens_columns_and_a_dataframe_loaded_before_refuses_to_read(spark, local_table):
+    # Spark's DataFrames type their columns by what they compute: an int column of one job is a
+    # bigint in the next. The write widens the column (format.md §4.2) instead of refusing it.
+    uri, _ = local_table
+    spark.createDataFrame([(1, 1, 1.5)], "id int, n int, x float").write.format("nbcc").mode("append") \
+        .option("record_key", "id").save(uri)
+    loaded = spark.read.format("nbcc").load(uri)  # takes the table's columns; plans at its first action
+    spark.createDataFrame([(2, 3_000_000_000, 0.1)], "id long, n long, x double").write.format("nbcc") \
+        .mode("append").save(uri)
+    # Read as its old types, n would overflow and x lose digits: the DataFrame says so instead.
+    with pytest.raises(Exception, match=r"the table widened column\(s\) id \(int -> bigint\), n \(int -> "
+                                        r"bigint\), x \(float -> double\) since this DataFrame was loaded.*load "
+                                        r"the DataFrame again"):
+        loaded.collect()
+    df = spark.read.format("nbcc").load(uri)
+    assert df.schema.simpleString() == "struct<id:bigint,n:bigint,x:double>"
+    assert sorted(df.collect()) == [Row(id=1, n=1, x=1.5), Row(id=2, n=3_000_000_000, x=0.1)]
+    assert df.filter("id = 2").collect() == [Row(id=2, n=3_000_000_000, x=0.1)]
+    # Columns given with .schema(...) are the reader's choice: read as given.
+    assert sorted(spark.read.format("nbcc").schema("id long, x double").load(uri).collect()) == \
+        [Row(id=1, x=1.5), Row(id=2, x=0.1)]
+
+
 def test_a_column_added_from_literals_takes_nulls_later(spark, local_table):
     # Spark marks struct(lit(...)) fields and array(lit(...)) elements not null. A column a later
     # write added kept those marks: every read failed on the older rows' null struct, and every

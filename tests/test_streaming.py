@@ -993,6 +993,31 @@ def test_source_a_column_added_while_the_query_runs_stops_it_and_a_restart_deliv
     assert sorted(fixed["all"]) == [(0, "a0", 1, None), (1, "a1", 1, None), (2, "a2", 1, "x"), (3, "a3", 1, "y")]
 
 
+def test_source_a_column_widened_while_the_query_runs_stops_it_and_a_restart_reads_it(spark, tmp_path):
+    # Cast down to the type the query began with, a widened column's values would overflow or
+    # lose digits: the query stops as for an added column, and the restart replays the batch.
+    uri, ckpt = str(tmp_path / "t"), tmp_path / "c"
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("x", pa.float32())]), "id", buckets=2)
+    table.write(pa.table({"id": [1], "x": pa.array([1.5], pa.float32())}))
+    got: list[tuple[int, list]] = []
+
+    def start(**kw):
+        df = spark.readStream.format("nbcc").load(uri)
+        return (df.writeStream.foreachBatch(lambda d, b: got.append((b, sorted(map(tuple, d.collect())))))
+                .option("checkpointLocation", str(ckpt)).trigger(**kw).start(), df)
+
+    query, _ = start(processingTime="0.5 seconds")
+    _process_all_available(query)
+    table.write(pa.table({"id": [2], "x": [0.1]}))  # a double: x widens
+    with pytest.raises(StreamingQueryException, match=r"the table widened column\(s\) x \(float -> double\) "
+                                                      r"since this streaming query's DataFrame was loaded"):
+        query.awaitTermination(TIMEOUT_S)
+    query, df = start(availableNow=True)
+    _run(query)
+    assert df.schema.simpleString() == "struct<id:bigint,x:double>"
+    assert got == [(0, [(1, 1.5)]), (1, [(2, 0.1)])]
+
+
 def test_source_a_schema_given_is_checked_as_a_batch_reads_is(spark, tmp_path):
     # A misspelt column read as null in every row, the record key too.
     uri = str(tmp_path / "t")

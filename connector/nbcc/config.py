@@ -27,7 +27,12 @@ PARTITION_REPLACE_VERSION = 2
 # version-2 reader (scope = the commit's files) would leave as they were. A table's first such
 # write raises it.
 PARTITION_DELETE_VERSION = 3
-READ_FORMAT_VERSIONS = (1, 2, 3)
+# Version 4 lets a commit widen a column's type (format.md §4.2). A version-3 reader folds the
+# schema by added columns only, keeps the narrower type, and casts wider files down to it:
+# doubles lose digits silently, and its compaction would write them so. A table's first
+# widening write raises it.
+TYPE_WIDENING_VERSION = 4
+READ_FORMAT_VERSIONS = (1, 2, 3, 4)
 TABLE_CONFIG_PATH = ".nbcc/table.json"
 
 EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE = "event_time", "commit_time", "partial_update"

@@ -307,7 +307,7 @@ def _pinned_keys(config: TableConfig, preds: tuple[Predicate, ...]) -> tuple | N
     Each is a value the key column's type holds."""
     if len(config.record_key) != 1:
         return None
-    key_type = config.schema.field(config.record_key[0]).type
+    key_type = _key_type(config)
     pinned = None
     for p in preds:
         values = p.pinned_values() if p.column == config.record_key[0] else None
@@ -315,6 +315,18 @@ def _pinned_keys(config: TableConfig, preds: tuple[Predicate, ...]) -> tuple | N
             held = set(_as_key_type(values, p.type, key_type).to_pylist())
             pinned = held if pinned is None else pinned & held
     return None if pinned is None else tuple(pinned)
+
+
+def _key_type(config: TableConfig) -> pa.DataType:
+    """A type that holds every value of the (single) record key column, whatever a commit
+    widened it to since table.json (format.md §4.2): an integer key as the widest of its kind.
+    A key's text, and so its bucket and key filter entry, is the same at every width."""
+    t = config.schema.field(config.record_key[0]).type
+    if pa.types.is_signed_integer(t):
+        return pa.int64()
+    if pa.types.is_unsigned_integer(t):
+        return pa.uint64()
+    return t
 
 
 def _as_key_type(values: tuple, value_type: pa.DataType | None, key_type: pa.DataType) -> pa.Array:
@@ -339,7 +351,7 @@ def _by_key_filters(config: TableConfig, index: MetadataIndex, keys: tuple, task
     """The task with only the files whose key filter may hold one of `keys` (None if no file
     may). Safe: a file without the key holds only rows of other keys, which the key predicate
     removes after the merge anyway; every row of the key is still merged."""
-    texts = pc.cast(pa.array(list(keys), config.schema.field(config.record_key[0]).type), pa.string())
+    texts = pc.cast(pa.array(list(keys), _key_type(config)), pa.string())
     h1, h2 = bloom.key_hashes(texts)
     kept = []
     for name in task.files:
@@ -359,7 +371,7 @@ def _key_buckets(config: TableConfig, keys: tuple | None) -> set[str] | None:
     """The file groups (buckets) of the record keys `_pinned_keys` found, or None."""
     if keys is None:
         return None
-    key_type = config.schema.field(config.record_key[0]).type
+    key_type = _key_type(config)
     return {file_group_id(int(b)) for b in bucket_ids(pa.array(list(keys), key_type), config.buckets)} if keys else set()
 
 

@@ -1,16 +1,18 @@
 """Schemas: their JSON form in table.json and commit metadata, how incoming data is checked and
 conformed to a table's schema, and how the schema evolves.
 
-Evolution is additive: a write may add nullable columns; it may not drop a non-nullable column or
-change a column's type (lossless widenings such as int32 -> int64 are applied silently). Each
-commit records the schema it wrote; the table's current schema is table.json's schema plus the
-columns added by completed commits, in completion order. Older files read added columns as null.
+Evolution adds and widens: a write may add nullable columns, and may widen a column's integer or
+floating-point type (int -> bigint, float -> double), never narrow or otherwise change it, nor
+drop a non-nullable column (narrower data is cast losslessly to the table's type). Each commit
+records the schema it wrote; the table's current schema is table.json's schema plus the columns
+added and the types widened by completed commits, in completion order. Older files read added
+columns as null and widened columns cast to the wider type.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -131,6 +133,18 @@ def _widens(src: pa.DataType, dst: pa.DataType) -> bool:
     return False
 
 
+def widened_type(column: pa.DataType, incoming: pa.DataType) -> pa.DataType | None:
+    """The type a table column of type `column` widens to for data of type `incoming`, or None.
+    Only within a family whose types are totally ordered (signed integers, unsigned integers,
+    floats): two writers that widen one column at the same time then agree on the result, the
+    wider of the two, in whichever order their commits complete (format.md §4.2)."""
+    families = (pa.types.is_signed_integer, pa.types.is_unsigned_integer, pa.types.is_floating)
+    for same in families:
+        if same(column) and same(incoming) and incoming.bit_width > column.bit_width:
+            return incoming
+    return None
+
+
 def _nested_equal_ignoring_nullability(a: pa.DataType, b: pa.DataType) -> bool:
     def norm(t: pa.DataType) -> Any:
         if pa.types.is_struct(t):
@@ -212,17 +226,21 @@ def is_reserved(name: str) -> bool:
     return name.lower().startswith(META_PREFIX)
 
 
-def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool = False) -> pa.Schema:
+def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool = False,
+                  partition_by: Sequence[str] = ()) -> pa.Schema:
     """The table schema after writing data of schema `incoming`, or SchemaError.
 
     A `delete` batch needs only keys (and partition values): it may lack any column, and
-    columns the table lacks are ignored rather than added (its rows carry no data).
+    columns the table lacks are ignored rather than added (its rows carry no data); nor does
+    it widen a column. A floating-point `partition_by` column is not widened: its values name
+    folders, and a float's text changes as a double (1.1 becomes 1.100000023841858).
     """
     check_names(incoming.names, "the data")
     problems = []
     deleted = incoming.field(IS_DELETED_COL).type if IS_DELETED_COL in incoming.names else None
     if deleted is not None and not (pa.types.is_boolean(deleted) or pa.types.is_null(deleted)):
         problems.append(f"column {IS_DELETED_COL!r} has type {deleted}; it must be boolean (true deletes the row's key)")
+    widened = {}
     for f in table_schema:
         idx = incoming.get_field_index(f.name)
         if idx < 0:
@@ -230,7 +248,20 @@ def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool 
                 problems.append(f"column {f.name!r} ({f.type}, not nullable) is missing from the data")
             continue
         src = incoming.field(idx).type
-        if not (pa.types.is_null(src) or _widens(plain_type(src), f.type)):
+        if pa.types.is_null(src) or _widens(plain_type(src), f.type):
+            continue
+        wider = widened_type(f.type, plain_type(src))
+        if wider is not None and delete:
+            problems.append(f"column {f.name!r} has type {src} in the data but {f.type} in the table; a delete "
+                            f"does not widen a column: cast its keys to {f.type} (a key that does not fit "
+                            "is in no row)")
+        elif wider is not None and f.name in partition_by and pa.types.is_floating(wider):
+            problems.append(f"partition column {f.name!r} has type {src} in the data but {f.type} in the table; "
+                            "its values name folders, and a value's text changes with its width, so the "
+                            f"column cannot widen: cast it to {f.type} before writing")
+        elif wider is not None:
+            widened[f.name] = wider
+        else:
             problems.append(
                 f"column {f.name!r} has type {src} in the data but {f.type} in the table; "
                 f"cast it to {f.type} before writing"
@@ -239,6 +270,9 @@ def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool 
         raise SchemaError("data does not fit the table schema: " + "; ".join(problems))
     if delete:
         return table_schema
+    if widened:
+        table_schema = pa.schema([f.with_type(widened[f.name]) if f.name in widened else f for f in table_schema],
+                                 metadata=table_schema.metadata)
     added = [f.with_type(plain_type(f.type)).with_nullable(True) for f in incoming
              if f.name not in table_schema.names and f.name != IS_DELETED_COL]
     existing = {n.lower(): n for n in table_schema.names}
@@ -275,16 +309,24 @@ def nullable_schema(schema: pa.Schema) -> pa.Schema:
     return pa.schema([f.with_type(loosen(f.type)).with_nullable(True) for f in schema], metadata=schema.metadata)
 
 
-def merge_added_columns(base: pa.Schema, later: Iterable[pa.Schema]) -> pa.Schema:
-    """table.json's schema plus the columns each later commit added, in commit order."""
-    fields = list(base)
-    names = set(base.names)
+def merge_commit_schemas(base: pa.Schema, later: Iterable[pa.Schema]) -> pa.Schema:
+    """table.json's schema, then what each later commit's schema changed, in commit order: the
+    columns it added (nullable), and the types it widened (`widened_type`). A narrower type,
+    that of a writer that began before a widening, changes nothing."""
+    fields = {f.name: f for f in base}
     for s in later:
         for f in s:
-            if f.name not in names:
-                fields.append(f.with_nullable(True))
-                names.add(f.name)
-    return pa.schema(fields)
+            have = fields.get(f.name)
+            if have is None:
+                fields[f.name] = f.with_nullable(True)
+            elif widened_type(have.type, f.type) is not None:
+                fields[f.name] = have.with_type(f.type)
+    return pa.schema(list(fields.values()))
+
+
+def widened_columns(before: pa.Schema, after: pa.Schema) -> list[str]:
+    """The columns of `before` whose type `after` widened."""
+    return [f.name for f in before if f.name in after.names and not after.field(f.name).type.equals(f.type)]
 
 
 def null_array(n: int, t: pa.DataType) -> pa.Array:

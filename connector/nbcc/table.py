@@ -30,6 +30,7 @@ from .config import (
     DYNAMIC,
     FORMAT_VERSION,
     PARTITION_DELETE_VERSION,
+    TYPE_WIDENING_VERSION,
     PARTITION_OVERWRITE_MODE,
     PARTITION_REPLACE_VERSION,
     STATIC,
@@ -60,7 +61,7 @@ from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .partitions import partition_values
 from .scan import ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
-from .schema import evolve_schema
+from .schema import evolve_schema, widened_columns
 from .storage import Storage
 from .timeline import (
     COMPACTION,
@@ -251,7 +252,8 @@ class Table:
                 f"the data lacks the ordering_field column {ordering!r}; upserts need it to decide "
                 "which version of a record wins (deletes may leave it out)"
             )
-        new_schema = evolve_schema(current, incoming_schema, delete=operation == DELETE)
+        new_schema = evolve_schema(current, incoming_schema, delete=operation == DELETE,
+                                   partition_by=self.config.partition_by)
         action, version = DELTA_COMMIT, FORMAT_VERSION
         if replace_where is not None:
             if not isinstance(replace_where, ReplaceWhere):
@@ -262,6 +264,8 @@ class Table:
             dynamic = partition_overwrite_mode == DYNAMIC and self.config.partition_by
             action = REPLACE_PARTITIONS if dynamic else REPLACE_COMMIT
             version = PARTITION_REPLACE_VERSION if dynamic else FORMAT_VERSION
+        if widened_columns(current, new_schema):
+            version = TYPE_WIDENING_VERSION  # versions are cumulative: it has 2's and 3's actions too
         return WriteTransaction(
             self.storage, self.clock, action, "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],

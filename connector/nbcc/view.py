@@ -14,6 +14,7 @@ commit files (format.md §18.5).
 from __future__ import annotations
 
 import functools
+import json
 import threading
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from .errors import InvalidOptionError
 from .file_slices import FileSlice, build_file_slices
 from .index_view import MetadataIndex
 from .metadata_table import FILES
-from .schema import merge_added_columns, schema_from_json
+from .schema import merge_commit_schemas, schema_from_json
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -125,7 +126,7 @@ class _SchemaFold:
 
     base: pa.Schema  # the table's created schema
     instants: list[tuple[str, str]]  # (instant, completion) of the commits folded, in completion order
-    name_sets: frozenset[tuple[str, ...]]  # the column name sets their schemas had
+    shapes: frozenset[tuple]  # the (name, type) sets their schemas had
     schema: pa.Schema
 
 
@@ -143,8 +144,8 @@ _SCHEMA_FOLDS_KEPT = 64  # tables; a fold holds the ids of its table's completed
 def table_schema(storage: Storage, config: TableConfig, completed: list[Instant],
                  metas_of: Callable[[list[Instant]], Mapping[str, Mapping[str, Any]]]) -> pa.Schema:
     """The table's schema after the `completed` commits (completion order): the created schema
-    plus the columns they added. `metas_of(instants)`: their metadata by instant, asked only for
-    the commits this process has not folded yet."""
+    plus the columns they added and the types they widened. `metas_of(instants)`: their
+    metadata by instant, asked only for the commits this process has not folded yet."""
     keys = [(i.instant, i.completion) for i in completed]
     with _SCHEMA_FOLDS_LOCK:
         fold = _SCHEMA_FOLDS.get(storage.uri)
@@ -154,8 +155,8 @@ def table_schema(storage: Storage, config: TableConfig, completed: list[Instant]
     if not new:
         return fold.schema
     metas = metas_of(new)
-    seen = set(fold.name_sets)
-    schema = merge_added_columns(fold.schema, _new_schemas((metas[i.instant] for i in new), seen))
+    seen = set(fold.shapes)
+    schema = merge_commit_schemas(fold.schema, _new_schemas((metas[i.instant] for i in new), seen))
     done = _SchemaFold(config.schema, keys, frozenset(seen), schema)
     with _SCHEMA_FOLDS_LOCK:
         current = _SCHEMA_FOLDS.get(storage.uri)
@@ -191,16 +192,18 @@ def schema_as_of(storage: Storage, config: TableConfig, timeline: Timeline, as_o
     return table_schema(storage, config, completed, metas_of)
 
 
-def _new_schemas(metas: Iterable[Mapping[str, Any]], seen: set[tuple[str, ...]]) -> Iterator[pa.Schema]:
-    """The commit schemas that can add a column, in order: a schema whose column names were all
-    `seen` before adds nothing (columns are added by name), so each name set is parsed once."""
+def _new_schemas(metas: Iterable[Mapping[str, Any]], seen: set[tuple]) -> Iterator[pa.Schema]:
+    """The commit schemas that can change the table's, in order: a schema whose columns, names
+    and types, were all `seen` before changes nothing (columns are added by name and widened by
+    type), so each such set is parsed once."""
     for meta in metas:
         fields = meta.get("schema")
         if fields is None:
             continue
-        names = tuple(f["name"] for f in fields)
-        if names not in seen:
-            seen.add(names)
+        shape = tuple((f["name"], f["type"] if isinstance(f["type"], str) else json.dumps(f["type"], sort_keys=True))
+                      for f in fields)
+        if shape not in seen:
+            seen.add(shape)
             yield schema_from_json(fields)
 
 

@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import ArrayType, DataType, MapType, StructType, VariantType
+from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructType, VariantType
 
 from nbcc import Table
 from nbcc.table import ReplaceWhere
@@ -202,6 +202,20 @@ def _struct_fields_as(col: pa.ChunkedArray, target: pa.StructType) -> pa.Chunked
     return pa.chunked_array(chunks) if chunks else pa.chunked_array([], target)
 
 
+def widened_since_loaded(table_schema: pa.Schema, columns: StructType) -> list[str]:
+    """The columns, of those a DataFrame took from the table when it was loaded, whose type a
+    commit widened since (format.md §4.2), each as `name (old -> new)`. Read as the old type,
+    their values would be cast down: a long that overflows an int fails the read, and a double
+    read as a float loses digits silently."""
+    changed = []
+    for f in columns.fields:
+        if f.name in table_schema.names:
+            now = _spark_schema(pa.schema([table_schema.field(f.name)])).fields[0].dataType
+            if isinstance(now, NumericType) and isinstance(f.dataType, NumericType) and now != f.dataType:
+                changed.append(f"{f.name} ({f.dataType.simpleString()} -> {now.simpleString()})")
+    return changed
+
+
 def _check_given_schema(given: StructType, own: StructType, current: list[str]) -> None:
     """A schema given with `.schema(...)` may leave columns out, but every column it names must be
     one the read has (or the table has now: as of an older time, a later column reads as null),
@@ -268,11 +282,12 @@ class DefaultSource(DataSource):
 
     def reader(self, schema: StructType) -> "NbccReader":
         table, options, max_bytes = self._read_setup()
-        if schema != getattr(self, "_own_schema", None):  # given with .schema(...)
+        follows_table = schema == getattr(self, "_own_schema", None)
+        if not follows_table:  # given with .schema(...)
             _check_given_schema(schema, _spark_schema(read_schema(table.storage, table.config, options)),
                                 [] if options.is_cdc else table.schema().names)  # cdc: columns in before/after
         cls = NbccPushdownReader if _pushdown_enabled() else NbccReader
-        return cls(table.uri, table.storage.storage_options, schema, options, max_bytes)
+        return cls(table.uri, table.storage.storage_options, schema, options, max_bytes, follows_table)
 
     def writer(self, schema: StructType, overwrite: bool) -> "NbccWriter":
         uri = _table_uri(self.options)
@@ -388,16 +403,24 @@ class TaskPartition(InputPartition):
 
 class NbccReader(DataSourceReader):
     def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, options: ReadOptions,
-                 max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES):
+                 max_partition_bytes: int = DEFAULT_MAX_PARTITION_BYTES, follows_table: bool = False):
         self.uri = uri
         self.storage_options = storage_options
         self.options = options
         self.max_partition_bytes = max_partition_bytes
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
+        # The query's columns are those Spark took from the table at load (no .schema(...)).
+        self.columns = (schema["after"].dataType if options.is_cdc else schema) if follows_table else None
 
     def partitions(self) -> list[InputPartition]:
         table = Table.open(self.uri, self.storage_options)
         plan = plan_scan(table.storage, table.config, self.options)
+        widened = widened_since_loaded(plan.schema, self.columns) if self.columns is not None else []
+        if widened:
+            raise SchemaError(
+                f"the table widened column(s) {', '.join(widened)} since this DataFrame was loaded, and "
+                "reading them as the old type could lose digits or overflow; load the DataFrame again "
+                "(spark.read...load()) to read the table's types")
         shared = replace(plan, tasks=[])
         return [TaskPartition(shared, group) for group in pack_tasks(plan.tasks, self.max_partition_bytes)]
 

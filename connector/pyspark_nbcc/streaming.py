@@ -81,7 +81,8 @@ from nbcc.stream import (
 from nbcc.timeline import INFLIGHT, REPLACE_COMMIT, REQUESTED
 from nbcc.writer import LogWriter, coalesced, prepare
 
-from .source import NbccReader, TaskPartition, _check_given_schema, _spark_schema, _table_uri, open_for_write
+from .source import (NbccReader, TaskPartition, _check_given_schema, _spark_schema, _table_uri, open_for_write,
+                     widened_since_loaded)
 
 log = logging.getLogger(__name__)
 
@@ -404,11 +405,14 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # (follows_table: the query's columns are the table's; a cdc query's are in before/after)
         columns = (self.schema["after"].dataType if o.is_cdc else self.schema) if self.follows_table else None
         added = [n for n in plan.schema.names if n not in columns.fieldNames()] if columns else []
-        if added:
-            # Delivered without them, their values would be lost downstream: a restarted query
-            # reads the table's columns anew, and replays this micro-batch with them.
+        widened = widened_since_loaded(plan.schema, columns) if columns else []
+        if added or widened:
+            # Delivered without them (or cast down), their values would be lost downstream: a
+            # restarted query reads the table's columns anew, and replays this micro-batch with them.
+            changes = [f"gained column(s) {', '.join(added)}"] if added else []
+            changes += [f"widened column(s) {', '.join(widened)}"] if widened else []
             raise SchemaError(
-                f"the table gained column(s) {', '.join(added)} since this streaming query's DataFrame was "
+                f"the table {' and '.join(changes)} since this streaming query's DataFrame was "
                 f"loaded (in a commit of its micro-batch ({begin}, {until}]); restart the query from a "
                 "DataFrame loaded anew (spark.readStream...load()) to read them: it takes the table's "
                 "columns then, and replays this micro-batch with them (a DataFrame loaded before keeps its "
