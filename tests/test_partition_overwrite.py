@@ -376,6 +376,38 @@ def test_a_write_that_completes_after_a_deletion_is_kept_and_one_before_it_is_no
     assert {k: r["v"] for k, r in rows_of(table.read()).items()} == {6: "late-6"}
 
 
+@pytest.mark.parametrize("how", ["delete_partitions", "replace_where"])
+def test_a_partition_created_after_the_listing_is_replaced_as_a_listed_one_is(tmp_path, monkeypatch, how):
+    # A deletion or replaceWhere lists the partitions that match, then commits. A commit that
+    # completes in between and creates a matching partition must lose its rows as one into a
+    # listed partition does: the commit adds such partitions under the table lock (format.md §8).
+    uri = str(tmp_path / "t")
+    table = new_table(uri)
+    table.write(batch([0, 1], 1, "a"))  # d1, d2; d3 does not exist yet
+    listing = nbcc.Table.match_partitions
+
+    def listed_then_created(self, filter):
+        match = listing(self, filter)
+        assert match.listed == ("day=d2",)
+        nbcc.Table.open(uri).write(batch([2, 4], 2, "meanwhile"))  # creates d3, updates d2
+        return match
+
+    monkeypatch.setattr(nbcc.Table, "match_partitions", listed_then_created)
+    if how == "delete_partitions":
+        table.delete_partitions([("day", ">=", "d2")])
+        want = {0: "a-0"}
+    else:
+        table.write(batch([7], 3, "new"), mode="overwrite", replace_where="day >= 'd2'")
+        want = {0: "a-0", 7: "new-7"}
+    monkeypatch.undo()
+    assert {k: r["v"] for k, r in rows_of(table.read()).items()} == want
+    latest = table.history(1)[0]  # latest completion (its instant began before the write meanwhile)
+    assert latest.action == "replacepartitions" and latest.partitions == ("day=d2", "day=d3")
+    # What completes after it is kept, in a listed partition and a created one alike.
+    table.write(batch([2, 5], 4, "after"))
+    assert {k: r["v"] for k, r in rows_of(table.read()).items()} == {**want, 2: "after-2", 5: "after-5"}
+
+
 def test_a_compaction_planned_before_a_deletion_and_clean_and_archival_do_not_bring_rows_back(tmp_path):
     table = new_table(str(tmp_path / "t"))
     table.build_index("files")

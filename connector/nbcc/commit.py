@@ -28,9 +28,11 @@ from .schema import schema_to_json, type_to_json
 from .storage import Storage
 from . import heartbeat
 from .metadata_table import index_commit, maintain
+from .partitions import PartitionMatch
 from .rollback import rollback_instant, rollback_or_log
 from .timeline import (
     REPLACE_PARTITIONS,
+    Instant,
     Timeline,
     committed_by,
     create_completed,
@@ -86,9 +88,11 @@ class WriteTransaction:
         return self.instant
 
     def commit(self, files: Iterable[dict[str, Any]], extra: dict[str, Any] | None = None,
-               partitions: Iterable[str] = ()) -> str:
-        """Complete the instant; returns its completion time. `partitions`: those a partition
-        deletion replaces (it writes no files)."""
+               partitions: Iterable[str] = (), match: PartitionMatch | None = None) -> str:
+        """Complete the instant; returns its completion time. A `replacepartitions` replaces the
+        partitions of its files, `partitions` (those a partition deletion's rows name), and
+        those `match` matched (a replaceWhere's, a deletion's filter), with, found under the
+        lock, those that commits completed since its listing created and that match too."""
         files = sorted(files, key=lambda f: (f["partition"], f["name"]))
         for f in files:
             parsed = parse_data_file(f["name"])
@@ -107,7 +111,8 @@ class WriteTransaction:
             **(extra or {}),
         }
         if self.action == REPLACE_PARTITIONS:  # its scope (format.md §8)
-            metadata["replaced_partitions"] = sorted({f["partition"] for f in files}.union(partitions))
+            metadata["replaced_partitions"] = sorted({f["partition"] for f in files}.union(
+                partitions, match.listed if match else ()))
         # The metadata table's entries go in before the commit completes, so a reader that sees
         # the commit finds them; a commit that then fails leaves entries of an instant that never
         # completes, which readers ignore. Several runs may complete one micro-batch's instant
@@ -120,8 +125,14 @@ class WriteTransaction:
         if not shared_instant:
             indexed = index_commit(self.storage, metadata, maintain=False)
         with self.clock.locked() as grant:
-            if self.added_columns:  # under the lock: no commit can slip in between
-                self._check_added_columns()
+            # Under the lock: no commit can slip in between.
+            completed = Timeline.load(self.storage).completed() if self.added_columns or match else []
+            if self.added_columns:
+                self._check_added_columns(completed)
+            if match is not None:
+                created = self._created_since(match, completed)
+                if created:
+                    metadata["replaced_partitions"] = sorted(set(metadata["replaced_partitions"]).union(created))
             metadata["lock_wait_ms"] = round(grant.wait_ms, 3)
             completion = create_completed(self.storage, self.instant, grant, self.action, metadata)
         if shared_instant:
@@ -137,12 +148,22 @@ class WriteTransaction:
             maintain(self.storage)  # never raises
         return completion
 
-    def _check_added_columns(self) -> None:
+    def _created_since(self, match: PartitionMatch, completed: list[Instant]) -> list[str]:
+        """The partitions that `match` did not list, that commits completed after its listing
+        wrote files to, and that match its condition. Without them, a partition created while
+        a replaceWhere or a partition deletion ran would keep rows that completed before it,
+        while a partition it listed would lose them (format.md §8)."""
+        later = [i for i in completed if match.as_of is None or i.completion > match.as_of]
+        written = {f["partition"] for meta in read_commit_metadatas(self.storage, later).values()
+                   for f in meta.get("files", ())}
+        return match.of(sorted(written - set(match.listed)), self.schema)
+
+    def _check_added_columns(self, completed: list[Instant]) -> None:
         """Two writers adding one column with different types, or in spellings that differ only
         in letter case, is the one thing writers can disagree on; refuse the later commit rather
         than publish files no reader can combine (Spark could read neither of `Foo` and `foo`)."""
         mine = {n.lower(): n for n in self.added_columns}
-        metas = read_commit_metadatas(self.storage, Timeline.load(self.storage).completed())
+        metas = read_commit_metadatas(self.storage, completed)
         for inst_time, meta in metas.items():
             for f in meta.get("schema", []):
                 name = mine.get(f["name"].lower())

@@ -8,6 +8,7 @@ path is "" (files live in the table root).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 from urllib.parse import quote, unquote
 
@@ -142,3 +143,30 @@ def partition_values(paths: Sequence[str], partition_by: Sequence[str], schema: 
             raise SchemaError(f"a folder of partition column {name!r} does not hold a {field.type} "
                               f"value: {exc}") from None
     return pa.table(columns, schema=pa.schema([schema.field(n) for n in partition_by]))
+
+
+def matching(paths: Sequence[str], condition: pc.Expression | None, partition_by: Sequence[str],
+             schema: pa.Schema) -> list[str]:
+    """Those of the partition `paths` whose values (in `schema`'s types) match `condition`
+    (None: all)."""
+    if condition is None or not paths:
+        return list(paths)
+    values = partition_values(paths, partition_by, schema)
+    return values.append_column("_path", pa.array(paths, pa.string())).filter(condition).column("_path").to_pylist()
+
+
+@dataclass(frozen=True)
+class PartitionMatch:
+    """The partitions that a condition on partition columns (a replaceWhere's, a partition
+    deletion's filter) matched in a listing of the table, and what its commit needs to complete
+    the list under the table lock (format.md §8): a partition that a commit completing after
+    the listing created matches too, though the listing could not see it."""
+
+    listed: tuple[str, ...]
+    condition: pc.Expression | None
+    partition_by: tuple[str, ...]
+    as_of: str | None  # the latest completion time the listing saw; None: it saw no commit
+
+    def of(self, paths: Sequence[str], schema: pa.Schema) -> list[str]:
+        """Those of `paths` that match the condition."""
+        return matching(paths, self.condition, self.partition_by, schema)

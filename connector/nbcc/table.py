@@ -59,7 +59,7 @@ from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
-from .partitions import partition_values
+from .partitions import PartitionMatch, matching, partition_values
 from .scan import ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
 from .schema import evolve_schema, widened_columns
 from .storage import Storage
@@ -427,9 +427,9 @@ class Table:
                 except BaseException:
                     writer.abort()  # no half-written file may surface later (S3 uploads on close)
                     raise
-                # replaceWhere names the partitions that match it as of now (§8).
+                # replaceWhere names the partitions that match it as of its completion (§8).
                 extra = {**(commit_extra or {}), **({"replace_where": replace.text} if replace else {})}
-                txn.commit(files, extra, partitions=self.partitions(replace.filter) if replace else ())
+                txn.commit(files, extra, match=self.match_partitions(replace.filter) if replace else None)
         except BaseException as failure:
             # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
             # once its heartbeat expires (a commit that completed is never rolled back). Not when
@@ -443,12 +443,16 @@ class Table:
         if not self.config.partition_by:
             raise InvalidOptionError(f"the table has no partition columns, so {consequence}")
 
-    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str], condition: str | None = None) -> str:
-        """Begin and complete a partition deletion: one commit, no files (format.md §8).
-        `condition`: the filter that named the partitions, as recorded in the commit metadata."""
+    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str] | PartitionMatch,
+                         condition: str | None = None) -> str:
+        """Begin and complete a partition deletion: one commit, no files (format.md §8), of the
+        `partitions` named, or matched by a filter; `condition`: that filter, as recorded in the
+        commit metadata."""
         txn.begin()
+        match = partitions if isinstance(partitions, PartitionMatch) else None
         try:
-            txn.commit([], {"condition": condition} if condition is not None else None, partitions=partitions)
+            txn.commit([], {"condition": condition} if condition is not None else None,
+                       partitions=() if match else partitions, match=match)
         except BaseException as failure:
             if not isinstance(failure, LockTimeoutError):
                 txn.rollback_or_log(failure)
@@ -459,17 +463,21 @@ class Table:
         """The partitions (folder paths, `day=2026-11-20`) that have files in the current snapshot;
         with `filter` (as `read`'s, on partition columns only), those whose values match it. An
         unpartitioned table has none."""
-        if not self.config.partition_by:
-            if filter is not None:
-                self._check_partitioned(_NOTHING_TO_DELETE)
-            return []
+        if filter is None:
+            if not self.config.partition_by:
+                return []
+            return sorted({partition for partition, _ in slices_by_group(self.storage, self._view(None))})
+        return list(self.match_partitions(filter).listed)
+
+    def match_partitions(self, filter: Any) -> PartitionMatch:
+        """The partitions `partitions(filter)` gives, with what a commit that replaces them needs
+        to add those that commits completing meanwhile create (`WriteTransaction.commit`)."""
+        self._check_partitioned(_NOTHING_TO_DELETE)
         view = self._view(None)
         paths = sorted({partition for partition, _ in slices_by_group(self.storage, view)})
-        expression = self.partition_condition(filter, view.schema) if filter is not None else None
-        if expression is None:
-            return paths
-        values = partition_values(paths, self.config.partition_by, view.schema)
-        return values.append_column("_path", pa.array(paths, pa.string())).filter(expression).column("_path").to_pylist()
+        expression = self.partition_condition(filter, view.schema)
+        return PartitionMatch(tuple(matching(paths, expression, self.config.partition_by, view.schema)), expression,
+                              self.config.partition_by, view.completed[-1].completion if view.completed else None)
 
     def delete_partitions(self, filter: Any, *, user_metadata: str | None = None) -> str | None:
         """Delete every row of the partitions whose values match `filter` (as `read`'s, on
@@ -483,8 +491,8 @@ class Table:
             raise InvalidOptionError("delete_partitions needs a filter on partition columns, e.g. "
                                      "[('day', '<', '2026-09-01')]; to delete every row, overwrite the table "
                                      "with no rows")
-        matched = self.partitions(filter)
-        if not matched:
+        matched = self.match_partitions(filter)
+        if not matched.listed:
             return None
         current = self.schema()
         txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION,

@@ -555,11 +555,12 @@ class NbccWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         partitions = [p for m in messages if m is not None for p in m.partitions]
-        extra = None
-        if self.replace_where is not None:  # the partitions that match it as of now (format.md §8)
-            partitions += Table(self.storage, self.config).partitions(self.replace_where.filter)
+        extra, match = None, None
+        if self.replace_where is not None:  # the partitions that match it as of its completion (format.md §8)
+            match = Table(self.storage, self.config).match_partitions(self.replace_where.filter)
             extra = {"replace_where": self.replace_where.text}
-        self.txn.commit([f for m in messages if m is not None for f in m.files], extra, partitions=partitions)
+        self.txn.commit([f for m in messages if m is not None for f in m.files], extra, partitions=partitions,
+                        match=match)
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
                       f"the Spark write's commit {self.txn.instant}", log)
