@@ -731,6 +731,41 @@ def test_delete_counts_first_with_dry_run_then_deletes_the_matching_records(loca
     assert table.timeline() == timeline
 
 
+def test_update_counts_first_with_dry_run_then_sets_the_values_of_the_matching_records(local_table, capsys):
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("p", pa.string()), ("note", pa.string()),
+                        ("at", pa.timestamp("us", tz="UTC")), ("amount", pa.decimal128(10, 2))])
+    table = nbcc.Table.create(uri, schema, "id", partition_by="p", buckets=2)
+    table.write(pa.table({"id": [0, 1, 2], "p": ["a", "b", "a"], "note": ["x", "y", "z"], "at": [None] * 3,
+                          "amount": [Decimal("1.00")] * 3}, schema=schema))
+    timeline = table.timeline()
+    code, out, err = run(capsys, "update", uri, "--set", "note=done", "--where", "p = a", "--dry-run")
+    assert (code, err, out.strip()) == (0, "", "would update 2 records")
+    assert table.timeline() == timeline
+    code, out, err = run(capsys, "update", uri, "--set", "note='it''s, done'", "--set", "AT=2026-11-27T10:00:00",
+                         "--set", "amount=2.5", "--where", "p = a", "--where", "id != 2")
+    assert code == 0 and err == "" and "updated 1 record of" in out
+    at = dt.datetime(2026, 11, 27, 10, tzinfo=dt.timezone.utc)  # a time without a zone is UTC, as in --where
+    assert snapshot(table) == [{"id": 0, "p": "a", "note": "it's, done", "at": at, "amount": Decimal("2.50")},
+                               {"id": 1, "p": "b", "note": "y", "at": None, "amount": Decimal("1.00")},
+                               {"id": 2, "p": "a", "note": "z", "at": None, "amount": Decimal("1.00")}]
+    code, out, err = run(capsys, "update", uri, "--set", "note=NULL", "--where", "id = 1")
+    assert code == 0 and snapshot(table)[1]["note"] is None
+    code, out, err = run(capsys, "history", uri, "--limit", "1")
+    assert "update" in out and "condition=id = 1; updates=note = NULL" in out
+    timeline = table.timeline()
+    for args, problem in [(("--set", "amount=lots"), "--set amount: 'lots' is not a decimal128(10, 2) value"),
+                          (("--set", "id=5"), "update of column 'id': a record key column is not set"),
+                          (("--set", "nope=1"), "update of column 'nope': the table has no such column")]:
+        code, out, err = run(capsys, "update", uri, *args, "--where", "id = 1")
+        assert code == 1 and problem in err, err
+    code, out, err = run(capsys, "update", uri, "--set", "note", "--where", "id = 1")
+    assert code == 2 and "give COLUMN=VALUE" in err
+    code, out, err = run(capsys, "update", uri, "--set", "note=x", "--where", "id = 99")
+    assert code == 0 and "no record of" in out and "nothing was written" in out
+    assert table.timeline() == timeline
+
+
 def test_delete_partitions_lists_first_with_dry_run_then_deletes_with_one_commit(local_table, capsys):
     uri, _ = local_table
     table, _ = make_table(uri, commits=2)

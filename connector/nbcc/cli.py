@@ -58,12 +58,13 @@ from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS, check_retention
 from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
-from .conditions import parse_condition, typed_condition, with_column_as_spelled
+from .conditions import parse_assignment, parse_condition, typed_condition, typed_value, with_column_as_spelled
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
 from .rollback import failed_writes
 from .scan import read_task
+from .update import check_updates
 from .storage_options import check_storage_options
 from .table import Table
 from .timeline import (
@@ -440,6 +441,13 @@ def _where(text: str) -> tuple[Any, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _assignment(text: str) -> tuple[str, str | None]:
+    try:
+        return parse_assignment(text)
+    except InvalidOptionError as exc:  # bad usage: exits 2 with the usage line
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _conditions(table: Table, args: argparse.Namespace) -> list[Any]:
     """The `--where` conditions as a filter, their values in their columns' types."""
     schema = table.schema()
@@ -466,6 +474,26 @@ def cmd_delete(args: argparse.Namespace) -> int:
         return 0
     done, meta = _completed(table, instant)
     print(f"deleted {_n(meta['rows'], 'record')} of {table.uri} with commit {instant} (completed at {done.completion})")
+    return 0
+
+
+def cmd_update(args: argparse.Namespace) -> int:
+    table = _open(args)
+    where = _conditions(table, args)
+    schema = table.schema()
+    updates = dict(typed_value(column, text, schema) for column, text in args.set)
+    if args.dry_run:
+        check_updates(updates, schema, table.config)
+        plan = table.plan(filter=where)
+        matched = sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
+        print(f"would update {_n(matched, 'record')}")
+        return 0
+    instant = table.update(updates, where)
+    if instant is None:
+        print(f"no record of {table.uri} matches; nothing was written")
+        return 0
+    done, meta = _completed(table, instant)
+    print(f"updated {_n(meta['rows'], 'record')} of {table.uri} with commit {instant} (completed at {done.completion})")
     return 0
 
 
@@ -705,6 +733,17 @@ def build_parser() -> argparse.ArgumentParser:
                                    "a compaction and a clean pass them.")
     _add_conditions(p, "a condition", "only print how many records would be deleted")
     p.set_defaults(func=cmd_delete)
+
+    p = sub.add_parser("update", parents=[common], help="set columns of the records that match (SQL's UPDATE)",
+                       description="Set columns of the records whose values match every --where (any columns) "
+                                   "to new values, with one upsert commit of those records. A concurrent write to "
+                                   "them is ordered against it as any two writes are (README: merge modes). "
+                                   "Record-key and partition columns are not set.")
+    p.add_argument("--set", metavar="COLUMN=VALUE", type=_assignment, action="append", required=True,
+                   help="a new value, as text in the column's type (quote it as in --where; NULL for null); "
+                        "repeat for more columns")
+    _add_conditions(p, "a condition", "only print how many records would be updated")
+    p.set_defaults(func=cmd_update)
 
     p = sub.add_parser("delete-partitions", parents=[common], help="delete every row of the matching partitions",
                        description="Delete every row of the partitions whose values match every --where, with "

@@ -219,15 +219,7 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
             return int(v) if pa.types.is_integer(t) else v.lower() == "true" if pa.types.is_boolean(t) else v
         return (column, op, [value(v) for v in given] if isinstance(given, list) else value(given))
     try:
-        try:
-            values = pc.cast(pa.array(texts, pa.string()), t)
-        except pa.ArrowInvalid:
-            if not pa.types.is_timestamp(t):
-                raise
-            # A time without a zone is UTC, as the `as_of` option's; one with a zone, compared
-            # with a column without one (Spark's TIMESTAMP_NTZ), is taken at its UTC wall time.
-            other = pa.timestamp(t.unit) if t.tz else pa.timestamp(t.unit, "UTC")
-            values = pc.cast(pc.cast(pa.array(texts, pa.string()), other), t)
+        values = _cast_texts(texts, t)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InvalidOptionError(f"condition on {column!r}: {given!r} is not a {t} value ({exc})") from None
     f = pc.field(column)
@@ -236,6 +228,50 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
         return found if op == "in" else ~found & f.is_valid()  # SQL: a null is not NOT IN
     return {"=": f == values[0], "!=": f != values[0], "<": f < values[0], "<=": f <= values[0],
             ">": f > values[0], ">=": f >= values[0]}[op]
+
+
+def _cast_texts(texts: list[str], t: pa.DataType) -> pa.Array:
+    """Values written as text, in type `t` (Arrow's parsing: numbers, ISO dates and times)."""
+    try:
+        return pc.cast(pa.array(texts, pa.string()), t)
+    except pa.ArrowInvalid:
+        if not pa.types.is_timestamp(t):
+            raise
+        # A time without a zone is UTC, as the `as_of` option's; one with a zone, compared
+        # with a column without one (Spark's TIMESTAMP_NTZ), is taken at its UTC wall time.
+        other = pa.timestamp(t.unit) if t.tz else pa.timestamp(t.unit, "UTC")
+        return pc.cast(pc.cast(pa.array(texts, pa.string()), other), t)
+
+
+def parse_assignment(text: str) -> tuple[str, str | None]:
+    """`COLUMN=VALUE` as the command line's `nbcc update --set` takes it: the column and the
+    value's text, unquoted ('it''s' and "a, b" as in a condition), or None for an unquoted NULL."""
+    column, sep, value = text.partition("=")
+    value = value.strip()
+    if not sep or not column.strip() or not value:
+        raise InvalidOptionError(f"{text!r}: give COLUMN=VALUE, e.g. status=shipped, note='a, b', note=NULL "
+                                 "or note='' (the empty text)")
+    if value.lower() == "null":
+        return column.strip(), None
+    for quote in ("'", '"'):
+        if len(value) >= 2 and value[0] == value[-1] == quote:
+            return column.strip(), value[1:-1].replace(quote * 2, quote)
+    return column.strip(), value
+
+
+def typed_value(column: str, text: str | None, schema: pa.Schema) -> tuple[str, pa.Scalar]:
+    """`parse_assignment`'s column (as `schema` spells it, names in any letter case as SQL's) and
+    its value in the column's type; a column not in `schema` is left for the caller to report."""
+    column = {n.lower(): n for n in schema.names}.get(column.lower(), column)
+    if column not in schema.names:
+        return column, pa.scalar(text)
+    t = schema.field(column).type
+    if text is None:
+        return column, pa.scalar(None, t)
+    try:
+        return column, _cast_texts([text], t)[0]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidOptionError(f"--set {column}: {text!r} is not a {t} value ({str(exc).splitlines()[0]})") from None
 
 
 def parse_replace_where(text: str) -> list[tuple[Any, ...]]:

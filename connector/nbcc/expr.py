@@ -284,7 +284,7 @@ def describe(spec: Any) -> str:
     characters: deleting 50,000 keys must not make a 300 KB commit file. SQL text (replaceWhere's)
     is kept as given, cut alike."""
     if isinstance(spec, str):
-        return _cut(spec)
+        return cut_description(spec)
     items = [spec] if isinstance(spec, (tuple, pc.Expression)) else list(spec)
     parts = []
     for item in items:
@@ -294,24 +294,26 @@ def describe(spec: Any) -> str:
         column, op = item[0], canonical_operator(item[1])
         value = item[2] if len(item) == 3 else None
         if op in COMPARISONS:
-            parts.append(f"{column} {op} {_literal(value)}")
+            parts.append(f"{column} {op} {sql_literal(value)}")
         elif op in ("in", "not_in"):
             values = list(value)
-            shown = ", ".join(_literal(v) for v in values[:_LISTED_VALUES])
+            shown = ", ".join(sql_literal(v) for v in values[:_LISTED_VALUES])
             more = f", ... {len(values)} values" if len(values) > _LISTED_VALUES else ""
             parts.append(f"{column} {'IN' if op == 'in' else 'NOT IN'} ({shown}{more})")
         elif op in ("is_null", "is_not_null"):
             parts.append(f"{column} IS {'NULL' if op == 'is_null' else 'NOT NULL'}")
         else:  # starts_with, ends_with, contains: as pyarrow names them (no wildcards to escape)
-            parts.append(f"{op}({column}, {_literal(value)})")
-    return _cut(" AND ".join(parts))
+            parts.append(f"{op}({column}, {sql_literal(value)})")
+    return cut_description(" AND ".join(parts))
 
 
-def _cut(text: str) -> str:
+def cut_description(text: str) -> str:
+    """`text` cut to the length a description in commit metadata may have."""
     return text if len(text) <= _DESCRIBED_CHARS else text[:_DESCRIBED_CHARS - 3] + "..."
 
 
-def _literal(value: Any) -> str:
+def sql_literal(value: Any) -> str:
+    """`value` spelled as a SQL literal, for descriptions."""
     if value is None:
         return "NULL"
     if isinstance(value, bool):

@@ -62,6 +62,7 @@ from .metadata_table import KINDS
 from .partitions import PartitionMatch, matching, partition_values
 from .scan import ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
 from .schema import evolve_schema, widened_columns
+from .update import apply_updates, check_updates, describe_updates
 from .storage import Storage
 from .timeline import (
     COMPACTION,
@@ -698,8 +699,34 @@ class Table:
                            max_log_file_bytes=None, compaction_delta_commits=None, compaction_inline=False,
                            by_file_group=True, commit_extra={"condition": condition}, user_metadata=user_metadata)
 
+    def update(self, updates: Mapping[str, Any], filter: Any = None, *,
+               user_metadata: str | None = None) -> str | None:
+        """Set columns of the records that match `filter` (as `read`'s; None: every record) to
+        new values (SQL's UPDATE ... SET ... WHERE, Delta's `update`), with one upsert commit of
+        those records; returns its instant, or None if no record matches (nothing is written).
+        `updates`: column -> a literal (cast to the column's type) or a pyarrow expression over
+        the record's columns (`{"price": pc.field("price") * 1.1}`); record-key and partition
+        columns are not set. The records and their new values come from the snapshot this call
+        reads; a concurrent write to them is ordered against the update as any two writes are
+        (by ordering value, then by instant: README, merge modes), so one that this read did not
+        see may be overwritten. Reads one file group at a time. `user_metadata`: as `write`'s."""
+        schema = self.schema()
+        exprs = check_updates(updates, schema, self.config)  # before anything is read
+        plan = self.plan(filter=filter)
+        groups = (apply_updates(rows, exprs) for rows in (read_task(self.storage, plan, task) for task in plan.tasks)
+                  if rows.num_rows)
+        first = next(groups, None)
+        if first is None:
+            return None
+        extra = {"operation": "update", "updates": describe_updates(updates),  # recorded as an update
+                 **({"condition": describe(filter)} if filter is not None else {})}
+        return self._write(first.schema, itertools.chain([first], groups), UPSERT, "append", STATIC,
+                           max_log_file_bytes=None, compaction_delta_commits=None, compaction_inline=False,
+                           by_file_group=True, commit_extra=extra, user_metadata=user_metadata)
+
     def schema(self, as_of: Any = None) -> pa.Schema:
-        """The schema: the created one plus columns that completed commits added (by `as_of`)."""
+        """The schema: the created one plus the columns that completed commits added and the
+        types they widened (by `as_of`)."""
         when = parse_time_option(as_of, "as_of") if as_of is not None else None
         return schema_as_of(self.storage, self.config, Timeline.load(self.storage), when,
                             index_of=lambda: self._index(None))

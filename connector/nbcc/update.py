@@ -1,0 +1,90 @@
+"""Updates: SQL's `UPDATE ... SET ... WHERE` (Delta's `DeltaTable.update`) on a merge-on-read
+table. The records that match are read from one snapshot, get their new values, and are
+written back as one upsert commit: no file is rewritten, and a concurrent write to the same
+records is ordered against the update as any two writes are (README: merge modes).
+
+A new value is a literal (a Python value or a pyarrow scalar, cast to the column's type) or a
+pyarrow compute expression over the record's columns as read (`pc.field("price") * 1.1`),
+evaluated with Arrow, a batch at a time. Record-key and partition columns are not set: a record
+with another key or partition is another record (write it, and delete the old one). In a
+`partial_update` table a null in a write means "unchanged", so a null new value leaves the
+column as it was (a literal null is refused for that reason).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from .config import PARTIAL_UPDATE, TableConfig
+from .errors import InvalidOptionError
+from .expr import cut_description, sql_literal
+from .schema import is_reserved
+
+_EXAMPLE = "e.g. {'status': 'shipped', 'price': pc.field('price') * 1.1}"
+
+
+def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[str, pc.Expression]:
+    """`updates` (column -> new value) as one expression per column, each of the column's type;
+    InvalidOptionError if a column cannot be set or a literal does not fit it."""
+    if not isinstance(updates, Mapping) or not updates:
+        raise InvalidOptionError(f"updates must be a non-empty mapping of column to new value, {_EXAMPLE}; "
+                                 f"got {updates!r}")
+    fixed = set(config.record_key) | set(config.partition_by)
+    out: dict[str, pc.Expression] = {}
+    for column, value in updates.items():
+        if not isinstance(column, str) or column not in schema.names:
+            spelled = {n.lower(): n for n in schema.names}.get(str(column).lower())
+            hint = f" (the table spells it {spelled!r})" if spelled else f"; its columns are {schema.names}"
+            raise InvalidOptionError(f"update of column {column!r}: the table has no such column{hint}")
+        if is_reserved(column):
+            raise InvalidOptionError(f"update of column {column!r}: meta columns are nbcc's own")
+        if column in fixed:
+            what = "record key" if column in config.record_key else "partition"
+            raise InvalidOptionError(
+                f"update of column {column!r}: a {what} column is not set by an update, since a record with "
+                f"another {what} value is another record; write the record with its new value and delete the "
+                "old one (Table.delete)")
+        t = schema.field(column).type
+        if isinstance(value, pc.Expression):
+            out[column] = value.cast(t)
+            continue
+        try:
+            scalar = value if isinstance(value, pa.Scalar) else pa.scalar(value)
+            scalar = scalar.cast(t) if not scalar.type.equals(t) else scalar
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError,
+                OverflowError) as exc:
+            raise InvalidOptionError(f"update of column {column!r}: {value!r} is not a value of its type {t} "
+                                     f"({str(exc).splitlines()[0]})") from None
+        if not schema.field(column).nullable and not scalar.is_valid:
+            raise InvalidOptionError(f"update of column {column!r}: the column is not nullable; give a value")
+        if config.merge_mode == PARTIAL_UPDATE and not scalar.is_valid:
+            raise InvalidOptionError(
+                f"update of column {column!r} to null: in a partial_update table a null in a write means "
+                "'unchanged', so the column would keep its value; to clear it, delete the record and write it "
+                "again without the value")
+        out[column] = pc.scalar(scalar)
+    return out
+
+
+def apply_updates(rows: pa.Table, updates: Mapping[str, pc.Expression]) -> pa.Table:
+    """`rows` with the updated columns' new values (every other column as it was)."""
+    projection = {name: updates.get(name, pc.field(name)) for name in rows.column_names}
+    try:
+        new = ds.dataset(rows).to_table(columns=projection, use_threads=False)  # keeps the row order
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        raise InvalidOptionError(f"an update's new values could not be computed: {str(exc).splitlines()[0]}") from None
+    return new.cast(rows.schema)  # types as the table's (a cast expression gives them; nullability)
+
+
+def describe_updates(updates: Mapping[str, Any]) -> str:
+    """The updates as one line for people (commit metadata's `updates`, `nbcc history`):
+    `status = 'shipped', price = multiply(price, 1.1)`."""
+    def text(value: Any) -> str:
+        if isinstance(value, pc.Expression):
+            return " ".join(str(value).split())
+        return sql_literal(value.as_py() if isinstance(value, pa.Scalar) else value)
+    return cut_description(", ".join(f"{column} = {text(value)}" for column, value in updates.items()))

@@ -1,0 +1,101 @@
+"""Table.update: SQL's UPDATE ... SET ... WHERE as one upsert commit of the matching records with
+their new values (literals, or pyarrow expressions over the record's columns)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import nbcc
+from nbcc.errors import InvalidOptionError
+from nbcc.filenames import make_token
+from nbcc.writer import prepare
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), ("day", pa.string()), ("ts", pa.int64()),
+                    ("price", pa.float64()), ("status", pa.string())])
+
+
+def new_table(uri: str, merge_mode: str) -> nbcc.Table:
+    t = nbcc.Table.create(uri, SCHEMA, "id", partition_by="day", buckets=2, merge_mode=merge_mode,
+                          ordering_field=None if merge_mode == "commit_time" else "ts")
+    t.write(pa.table({"id": list(range(6)), "day": ["a", "b"] * 3, "ts": [1] * 6,
+                      "price": [10.0, 20.0, None, 40.0, 50.0, 60.0], "status": ["new"] * 6}, schema=SCHEMA))
+    return t
+
+
+def rows(t: nbcc.Table, **kw) -> dict[int, tuple]:
+    return {r["id"]: (r["day"], r["ts"], r["price"], r["status"]) for r in t.read(**kw).to_pylist()}
+
+
+@pytest.mark.parametrize("merge_mode", ["event_time", "commit_time", "partial_update"])
+def test_update_sets_literals_and_expressions_of_the_matching_records_in_one_commit(tmp_path, merge_mode):
+    t = new_table(str(tmp_path / "t"), merge_mode)
+    before = rows(t)
+    written = t.history(1)[0].completion
+    instant = t.update({"status": "shipped", "price": pc.field("price") * 2}, [("day", "=", "a"), ("id", "<", 4)])
+    assert t.history(1)[0].instant == instant
+    want = {**before, 0: ("a", 1, 20.0, "shipped"), 2: ("a", 1, None, "shipped")}  # null * 2 is null
+    assert rows(t) == want
+    assert rows(t, as_of=written) == before
+    info = t.history(1)[0]
+    assert (info.operation, info.rows, info.partitions) == ("update", 2, ("day=a",))
+    assert info.parameters == {"condition": "day = 'a' AND id < 4",
+                               "updates": "status = 'shipped', price = multiply_checked(price, 2)"}
+    # A null is a value to set, except where a null in a write means "unchanged".
+    if merge_mode == "partial_update":
+        with pytest.raises(InvalidOptionError, match="in a partial_update table a null in a write means 'unchanged'"):
+            t.update({"status": None}, pc.field("price") > 45)
+        t.update({"status": "gone"}, pc.field("price") > 45, user_metadata="ticket 7")
+        want.update({4: ("a", 1, 50.0, "gone"), 5: ("b", 1, 60.0, "gone")})
+    else:
+        t.update({"status": None}, pc.field("price") > 45, user_metadata="ticket 7")
+        want.update({4: ("a", 1, 50.0, None), 5: ("b", 1, 60.0, None)})
+    assert rows(t) == want and t.history(1)[0].parameters["user_metadata"] == "ticket 7"
+    # No filter: every record. Nothing matching: nothing written.
+    t.update({"ts": pc.field("ts") + 1})
+    assert {k: v[1] for k, v in rows(t).items()} == {k: 2 for k in range(6)}
+    timeline = t.timeline()
+    assert t.update({"status": "x"}, [("id", "=", 99)]) is None and t.timeline() == timeline
+    # The update's rows merge with later writes as any upsert's do.
+    t.compact()
+    t.write(pa.table({"id": [0], "day": ["a"], "ts": [3], "price": [1.0], "status": ["later"]}, schema=SCHEMA))
+    assert rows(t)[0] == ("a", 3, 1.0, "later") and rows(t)[4] == ("a", 2, *want[4][2:])
+
+
+@pytest.mark.parametrize("updates, problem", [
+    ({"id": 9}, "update of column 'id': a record key column is not set by an update"),
+    ({"day": "c"}, "update of column 'day': a partition column is not set by an update"),
+    ({"Price": 1.0}, "update of column 'Price': the table has no such column (the table spells it 'price')"),
+    ({"nope": 1}, "update of column 'nope': the table has no such column; its columns are"),
+    ({"_nbcc_commit_time": "x"}, "update of column '_nbcc_commit_time': the table has no such column"),
+    ({"price": "cheap"}, "update of column 'price': 'cheap' is not a value of its type double"),
+    ({"ts": 2**70}, "update of column 'ts': 1180591620717411303424 is not a value of its type int64"),
+    ({}, "updates must be a non-empty mapping of column to new value"),
+    ([("status", "x")], "updates must be a non-empty mapping"),
+    ({"status": pc.field("nope")}, "an update's new values could not be computed: No match for FieldRef"),
+    ({"price": pc.field("status")}, "an update's new values could not be computed"),
+])
+def test_a_bad_update_is_refused_and_nothing_is_written(tmp_path, updates, problem):
+    t = new_table(str(tmp_path / "t"), "event_time")
+    before, timeline = rows(t), t.timeline()
+    with pytest.raises(InvalidOptionError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        t.update(updates, [("day", "=", "a")])
+    assert rows(t) == before and t.timeline() == timeline
+
+
+@pytest.mark.parametrize("merge_mode", ["event_time", "commit_time"])
+def test_a_concurrent_write_that_the_update_did_not_read_is_ordered_as_any_write(tmp_path, merge_mode):
+    # The write begins before the update and completes after it. event_time: its greater
+    # ordering value wins over the value the update read and kept. commit_time: the update's
+    # later instant wins, and the concurrent change of that record is overwritten (README).
+    t = new_table(str(tmp_path / "t"), merge_mode)
+    late = t.begin_write(SCHEMA)
+    writer = t.log_writer(late, make_token(0, 0, 0))
+    writer.write(prepare(pa.table({"id": [0], "day": ["a"], "ts": [5], "price": [1.0], "status": ["concurrent"]},
+                                  schema=SCHEMA), t.config, late.schema, "upsert"))
+    t.update({"status": "updated"}, [("id", "in", [0, 2])])
+    late.commit(writer.close())
+    got = rows(t)
+    assert got[0] == (("a", 5, 1.0, "concurrent") if merge_mode == "event_time" else ("a", 1, 10.0, "updated"))
+    assert got[2] == ("a", 1, None, "updated")
