@@ -26,6 +26,7 @@ the list of valid options (spark_conf/nbcc-defaults.conf documents each, with it
     replaceWhere                          with mode overwrite: replace the partitions matching
                                           this condition on partition columns (Delta's)
     userMetadata                          text recorded with the commit (nbcc history shows it)
+    type_widening                         true: wider int/float data widens its column
     storage.*                             S3 options, e.g. storage.endpoint_url
 """
 

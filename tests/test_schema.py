@@ -179,13 +179,18 @@ def test_a_changed_type_is_refused_and_names_the_column():
 @pytest.mark.parametrize("column, incoming", [
     (pa.int32(), pa.int64()), (pa.int8(), pa.int16()), (pa.uint16(), pa.uint64()), (pa.float32(), pa.float64()),
 ], ids=str)
-def test_wider_integer_or_float_data_widens_the_column(column, incoming):
+def test_wider_integer_or_float_data_widens_the_column_when_asked(column, incoming):
     table = pa.schema([pa.field("id", column, nullable=False), pa.field("x", column), pa.field("s", pa.string())])
-    out = evolve_schema(table, pa.schema([("id", incoming), ("x", incoming), ("s", pa.string())]))
+    data = pa.schema([("id", incoming), ("x", incoming), ("s", pa.string())])
+    with pytest.raises(SchemaError, match=f"column 'x' has type {incoming} in the data but {column} in the table; "
+                                          f"cast it to {column} before writing, or widen the column to {incoming} "
+                                          "with the write option type_widening=true"):
+        evolve_schema(table, data)
+    out = evolve_schema(table, data, widen=True)
     assert out == pa.schema([pa.field("id", incoming, nullable=False), pa.field("x", incoming),
                              pa.field("s", pa.string())])
     # Narrower data into the widened column is cast up, as before: the type stays.
-    assert evolve_schema(out, table).equals(out)
+    assert evolve_schema(out, table, widen=True).equals(out)
 
 
 @pytest.mark.parametrize("column, incoming", [
@@ -201,14 +206,14 @@ def test_other_type_changes_are_refused_and_name_the_column(column, incoming):
     table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", column)])
     with pytest.raises(SchemaError, match=rf"column 'x' has type {re.escape(str(incoming))} in the data but "
                                           rf"{re.escape(str(column))} in the table; cast it to"):
-        evolve_schema(table, pa.schema([("id", pa.int64()), ("x", incoming)]))
+        evolve_schema(table, pa.schema([("id", pa.int64()), ("x", incoming)]), widen=True)
 
 
 def test_a_delete_does_not_widen_a_column():
     table = pa.schema([pa.field("id", pa.int32(), nullable=False), pa.field("x", pa.int32())])
     with pytest.raises(SchemaError, match="'id' has type int64 in the data but int32 in the table; a delete "
-                                          "does not widen a column: cast its keys to int32"):
-        evolve_schema(table, pa.schema([("id", pa.int64())]), delete=True)
+                                          "does not widen a column: cast it to int32"):
+        evolve_schema(table, pa.schema([("id", pa.int64())]), delete=True, widen=True)
 
 
 def test_a_float_partition_column_does_not_widen_but_an_integer_one_does():
@@ -217,9 +222,9 @@ def test_a_float_partition_column_does_not_widen_but_an_integer_one_does():
     with pytest.raises(SchemaError, match="partition column 'f' has type double in the data but float in the "
                                           "table; its values name folders"):
         evolve_schema(table, pa.schema([("id", pa.int64()), ("f", pa.float64()), ("n", pa.int16())]),
-                      partition_by=["f", "n"])
+                      partition_by=["f", "n"], widen=True)
     out = evolve_schema(table, pa.schema([("id", pa.int64()), ("f", pa.float32()), ("n", pa.int64())]),
-                        partition_by=["f", "n"])
+                        partition_by=["f", "n"], widen=True)
     assert out.field("n").type == pa.int64()
 
 

@@ -311,13 +311,17 @@ def test_schema_evolution_adds_nullable_column(spark, local_table):
 
 def test_wider_data_widens_columns_and_a_dataframe_loaded_before_refuses_to_read(spark, local_table):
     # Spark's DataFrames type their columns by what they compute: an int column of one job is a
-    # bigint in the next. The write widens the column (format.md §4.2) instead of refusing it.
+    # bigint in the next. Given type_widening, the write widens the column (format.md §4.2).
     uri, _ = local_table
     spark.createDataFrame([(1, 1, 1.5)], "id int, n int, x float").write.format("nbcc").mode("append") \
         .option("record_key", "id").save(uri)
     loaded = spark.read.format("nbcc").load(uri)  # takes the table's columns; plans at its first action
-    spark.createDataFrame([(2, 3_000_000_000, 0.1)], "id long, n long, x double").write.format("nbcc") \
-        .mode("append").save(uri)
+    wider = spark.createDataFrame([(2, 3_000_000_000, 0.1)], "id long, n long, x double")
+    with pytest.raises(Exception, match=r"column 'id' has type int64 in the data but int32 in the table; cast it to "
+                                        r"int32 before writing, or widen the column to int64 with the write option "
+                                        r"type_widening=true"):
+        wider.write.format("nbcc").mode("append").save(uri)
+    wider.write.format("nbcc").mode("append").option("type_widening", "true").save(uri)
     # Read as its old types, n would overflow and x lose digits: the DataFrame says so instead.
     with pytest.raises(Exception, match=r"the table widened column\(s\) id \(int -> bigint\), n \(int -> "
                                         r"bigint\), x \(float -> double\) since this DataFrame was loaded.*load "

@@ -1008,7 +1008,7 @@ def test_source_a_column_widened_while_the_query_runs_stops_it_and_a_restart_rea
 
     query, _ = start(processingTime="0.5 seconds")
     _process_all_available(query)
-    table.write(pa.table({"id": [2], "x": [0.1]}))  # a double: x widens
+    table.write(pa.table({"id": [2], "x": [0.1]}), type_widening=True)  # a double: x widens
     with pytest.raises(StreamingQueryException, match=r"the table widened column\(s\) x \(float -> double\) "
                                                       r"since this streaming query's DataFrame was loaded"):
         query.awaitTermination(TIMEOUT_S)
@@ -1016,6 +1016,44 @@ def test_source_a_column_widened_while_the_query_runs_stops_it_and_a_restart_rea
     _run(query)
     assert df.schema.simpleString() == "struct<id:bigint,x:double>"
     assert got == [(0, [(1, 1.5)]), (1, [(2, 0.1)])]
+    # A query loaded after the widening reads the commits before it, one micro-batch each, at
+    # the wider type.
+    late: list[tuple[int, list]] = []
+    query = (spark.readStream.format("nbcc").option("max_commits_per_trigger", 1).load(uri).writeStream
+             .foreachBatch(lambda d, b: late.append((b, sorted(map(tuple, d.collect())))))
+             .option("checkpointLocation", str(tmp_path / "late")).trigger(availableNow=True).start())
+    _run(query)
+    assert late == [(0, [(1, 1.5)]), (1, [(2, 0.1)])]
+
+
+def test_sink_type_widening_widens_the_column_and_raises_the_format_version_before_its_first_batch(spark, tmp_path):
+    # A stream's micro-batches claim their instants without WriteTransaction.begin, which raises
+    # the version for a batch write: the sink raises it when it starts.
+    uri = str(tmp_path / "t")
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("x", pa.float32())]), "id", buckets=2)
+    table.write(pa.table({"id": [-1], "x": pa.array([1.5], pa.float32())}))
+    source = spark.readStream.format("rate").option("rowsPerSecond", 10).load() \
+        .selectExpr("value AS id", "CAST(value AS DOUBLE) / 10 AS x")
+
+    def start(**options):
+        writer = source.writeStream.format("nbcc").option("checkpointLocation", str(tmp_path / "c"))
+        for k, v in options.items():
+            writer = writer.option(k, v)
+        return writer.trigger(processingTime="0.5 seconds").start(uri)
+
+    with pytest.raises(StreamingQueryException, match=r"column 'x' has type double in the data but float in the "
+                                                      r"table.*type_widening=true"):
+        start().awaitTermination(TIMEOUT_S)
+    assert json.loads(Path(uri, ".nbcc", "table.json").read_text())["format_version"] == 1
+    query = start(type_widening="true")
+    deadline = time.monotonic() + TIMEOUT_S
+    while nbcc.Table.open(uri).read().num_rows < 5 and time.monotonic() < deadline:
+        time.sleep(0.5)
+    query.stop()
+    t = nbcc.Table.open(uri)
+    assert t.schema().field("x").type == pa.float64()
+    assert {r["id"]: r["x"] for r in t.read().to_pylist() if r["id"] in (-1, 3)} == {-1: 1.5, 3: 0.3}
+    assert json.loads(Path(uri, ".nbcc", "table.json").read_text())["format_version"] == 4
 
 
 def test_source_a_schema_given_is_checked_as_a_batch_reads_is(spark, tmp_path):

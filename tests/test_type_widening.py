@@ -1,7 +1,8 @@
-"""Type widening (format.md §4.2): a write whose integer or floating-point data is wider than a
-column's type widens the column (int -> bigint, float -> double); older files read as the
-wider type, reads as of an earlier time keep the type they had, and the table's format version
-becomes 4 so that an nbcc that knows only additive evolution refuses it."""
+"""Type widening (format.md §4.2): a write given `type_widening=True` whose integer or
+floating-point data is wider than a column's type widens the column (int -> bigint, float ->
+double); older files read as the wider type, reads as of an earlier time keep the type they had,
+and the table's format version becomes 4 so that an nbcc that knows only additive evolution
+refuses it. Without the option such data is refused, as before."""
 
 from __future__ import annotations
 
@@ -50,8 +51,14 @@ def test_wider_data_widens_the_columns_and_every_file_reads_at_the_wider_type(tm
     before = t.history()[0].completion
     t.write(narrow([3], [10], [2.5]))
     assert version(t) == 1  # data that fits changes nothing
+    # Only when asked: a widening cannot be undone, and older nbcc cannot read the table after it.
+    with pytest.raises(SchemaError, match=r"column 'id' has type int64 in the data but int32 in the table; cast it "
+                                          r"to int32 before writing, or widen the column to int64 with the write "
+                                          r"option type_widening=true"):
+        t.write(wide([BIG], [BIG], [PRECISE]))
+    assert version(t) == 1 and t.schema() == SCHEMA
     # The key, the ordering field, a double and the partition column all widen in one write.
-    t.write(wide([BIG, 2], [BIG, 11], [PRECISE, 7.25], days=[70_000, 1]))
+    t.write(wide([BIG, 2], [BIG, 11], [PRECISE, 7.25], days=[70_000, 1]), type_widening=True)
     assert t.schema() == pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("ts", pa.int64()),
                                     pa.field("v", pa.float64()), pa.field("day", pa.int32())])
     assert version(t) == 4
@@ -94,7 +101,7 @@ def test_a_writer_that_began_before_a_widening_still_commits(tmp_path):
     writer = slow.log_writer(txn, "0-0-0")
     writer.write(prepare(data, slow.config, txn.schema, "upsert"))
     fast = nbcc.Table.open(uri)
-    fast.write(wide([2, BIG], [6, 6], [PRECISE, 3.5]))
+    fast.write(wide([2, BIG], [6, 6], [PRECISE, 3.5]), type_widening=True)
     assert fast.schema().field("v").type == pa.float64()  # folded before the slow commit (and cached)
     txn.commit(writer.close())  # completes after the widening, with the narrow schema
     for t in (fast, nbcc.Table.open(uri)):
@@ -109,10 +116,50 @@ def test_refused_changes_write_nothing(tmp_path):
     t.write(pa.table({"id": pa.array([1], pa.int32()), "f": pa.array([1.5], pa.float32()),
                       "n": pa.array([1], pa.int32())}))
     with pytest.raises(SchemaError, match="partition column 'f' has type double in the data but float in the table"):
-        t.write(pa.table({"id": [2], "f": [1.5], "n": pa.array([1], pa.int32())}))
+        t.write(pa.table({"id": [2], "f": [1.5], "n": pa.array([1], pa.int32())}), type_widening=True)
     with pytest.raises(SchemaError, match=re.escape("column 'n' has type double in the data but int32 in the table")):
-        t.write(pa.table({"id": pa.array([2], pa.int32()), "f": pa.array([1.5], pa.float32()), "n": [2.0]}))
+        t.write(pa.table({"id": pa.array([2], pa.int32()), "f": pa.array([1.5], pa.float32()), "n": [2.0]}),
+                type_widening=True)
     with pytest.raises(SchemaError, match="a delete does not widen a column"):
-        t.write(pa.table({"id": pa.array([1], pa.int64()), "f": pa.array([1.5], pa.float32())}), operation="delete")
+        t.write(pa.table({"id": pa.array([1], pa.int64()), "f": pa.array([1.5], pa.float32())}), operation="delete",
+                type_widening=True)
     assert version(t) == 1 and len(t.timeline()) == 1
     assert t.read().to_pylist() == [{"id": 1, "f": 1.5, "n": 1}]
+
+
+@pytest.mark.parametrize("widening", [False, True])
+def test_writers_adding_one_column_at_two_widths_combine_as_narrower_and_wider_data_do(tmp_path, widening):
+    # Both begin before either commits, so each adds `c`. The narrower commit after the wider
+    # one is read as the wider type; the wider one after the narrower widens the column, if it
+    # may (else it is refused at commit, and writes nothing).
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, pa.schema([pa.field("id", pa.int64(), nullable=False)]), "id", buckets=1)
+
+    def begin(key: int, c: pa.Array):
+        t = nbcc.Table.open(uri)
+        data = pa.table({"id": [key], "c": c})
+        txn = t.begin_write(data.schema, type_widening=widening)
+        writer = t.log_writer(txn, "0-0-0")
+        writer.write(prepare(data, t.config, txn.schema, "upsert"))
+        return txn, writer
+
+    narrow_txn, narrow_writer = begin(1, pa.array([1], pa.int32()))
+    wide_txn, wide_writer = begin(2, pa.array([BIG], pa.int64()))
+    later_txn, later_writer = begin(3, pa.array([3], pa.int16()))
+    narrow_txn.commit(narrow_writer.close())
+    if not widening:
+        with pytest.raises(SchemaError, match=rf"column 'c' was added as int32 by commit {narrow_txn.instant} while "
+                                              r"this write added it as int64; cast it to int32 \(or give the write "
+                                              r"option type_widening=true\)"):
+            wide_txn.commit(wide_writer.close())
+        wide_txn.rollback()
+        later_txn.commit(later_writer.close())
+        t = nbcc.Table.open(uri)
+        assert t.schema().field("c").type == pa.int32() and version(t) == 1
+        assert rows(t.read()) == [{"id": 1, "c": 1}, {"id": 3, "c": 3}]
+        return
+    wide_txn.commit(wide_writer.close())
+    later_txn.commit(later_writer.close())  # narrower than the folded int64: read as int64
+    t = nbcc.Table.open(uri)
+    assert t.schema().field("c").type == pa.int64() and version(t) == 4
+    assert rows(t.read()) == [{"id": 1, "c": 1}, {"id": 2, "c": BIG}, {"id": 3, "c": 3}]

@@ -21,10 +21,10 @@ from typing import Any, Iterable
 import pyarrow as pa
 
 from .clock import TimeGenerator
-from .config import FORMAT_VERSION, raise_format_version
+from .config import FORMAT_VERSION, TYPE_WIDENING_VERSION, raise_format_version
 from .errors import CommitError, LockLostError, SchemaError, StorageError
 from .filenames import LogFile, parse_data_file
-from .schema import schema_to_json, type_to_json
+from .schema import schema_to_json, type_from_json, widened_type
 from .storage import Storage
 from . import heartbeat
 from .metadata_table import index_commit, maintain
@@ -57,6 +57,15 @@ class WriteTransaction:
     format_version: int = FORMAT_VERSION  # the table's format version this write needs (§3)
     instant: str = ""
     user_metadata: str | None = None  # recorded with the commit (the userMetadata option)
+    type_widening: bool = False  # it may widen column types (format.md §4.2)
+
+    def require_format_version(self) -> None:
+        """Raise the table's format version to the one this write needs (§3), under the lock.
+        `begin` does so in the hold that requests its instant; a stream, whose micro-batches
+        claim their instants elsewhere (stream.py), calls this once before its first."""
+        if self.format_version > FORMAT_VERSION:
+            with self.clock.locked() as grant:
+                raise_format_version(self.storage, grant, self.format_version)
 
     def begin(self) -> str:
         info = {"operation": self.operation, "host": socket.gethostname(), "pid": os.getpid()}
@@ -127,8 +136,8 @@ class WriteTransaction:
         with self.clock.locked() as grant:
             # Under the lock: no commit can slip in between.
             completed = Timeline.load(self.storage).completed() if self.added_columns or match else []
-            if self.added_columns:
-                self._check_added_columns(completed)
+            if self.added_columns and self._check_added_columns(completed):
+                raise_format_version(self.storage, grant, TYPE_WIDENING_VERSION)
             if match is not None:
                 created = self._created_since(match, completed)
                 if created:
@@ -158,28 +167,46 @@ class WriteTransaction:
                    for f in meta.get("files", ())}
         return match.of(sorted(written - set(match.listed)), self.schema)
 
-    def _check_added_columns(self, completed: list[Instant]) -> None:
-        """Two writers adding one column with different types, or in spellings that differ only
-        in letter case, is the one thing writers can disagree on; refuse the later commit rather
-        than publish files no reader can combine (Spark could read neither of `Foo` and `foo`)."""
+    def _check_added_columns(self, completed: list[Instant]) -> bool:
+        """Another writer may have added one of this write's new columns meanwhile. The later
+        commit is refused where the two cannot be combined: a spelling that differs only in
+        letter case (Spark could read neither of `Foo` and `foo`), or a type of another kind.
+        Types of one kind (format.md §4.2) combine as narrower and wider data do: narrower is
+        read as the wider type, and wider widens the column, with `type_widening` only.
+        Returns whether this commit widens one (the caller raises the format version)."""
         mine = {n.lower(): n for n in self.added_columns}
         metas = read_commit_metadatas(self.storage, completed)
-        for inst_time, meta in metas.items():
-            for f in meta.get("schema", []):
+        found: dict[str, tuple[str, pa.DataType]] = {}  # name -> (the commit that added it, its type now)
+        for inst in completed:  # completion order: the type folds as a reader's schema does
+            for f in metas[inst.instant].get("schema", []):
                 name = mine.get(f["name"].lower())
                 if name is None:
                     continue
                 if f["name"] != name:
                     raise SchemaError(
-                        f"column {name!r} was added as {f['name']!r} by commit {inst_time} while "
+                        f"column {name!r} was added as {f['name']!r} by commit {inst.instant} while "
                         f"this write added it as {name!r}; Spark does not tell the two apart, so the "
                         f"table would hold two columns it cannot read: write it as {f['name']!r}"
                     )
-                if f["type"] != type_to_json(self.schema.field(name).type):
-                    raise SchemaError(
-                        f"column {name!r} was added as {f['type']} by commit {inst_time} "
-                        f"while this write added it as {self.schema.field(name).type}; cast it and write again"
-                    )
+                t = type_from_json(f["type"])
+                if name not in found:
+                    found[name] = (inst.instant, t)
+                elif widened_type(found[name][1], t) is not None:
+                    found[name] = (found[name][0], t)
+        widens = False
+        for name, (added_by, theirs) in found.items():
+            ours = self.schema.field(name).type
+            if ours.equals(theirs) or widened_type(ours, theirs) is not None:
+                continue
+            wider = widened_type(theirs, ours) is not None
+            if wider and self.type_widening:
+                widens = True
+                continue
+            raise SchemaError(
+                f"column {name!r} was added as {theirs} by commit {added_by} while this write added it as "
+                f"{ours}; cast it to {theirs}" + (" (or give the write option type_widening=true)" if wider else "")
+                + " and write again")
+        return widens
 
     def rollback(self, files: Iterable[dict[str, Any]] = (), reason: str = "the write failed") -> bool:
         """Undo this write at once (a failed Spark job's abort); never a completed one."""

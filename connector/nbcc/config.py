@@ -50,6 +50,9 @@ PARTITION_OVERWRITE_MODE = "partitionoverwritemode"  # option names are matched 
 # written must match (partition columns only: nbcc replaces whole partitions).
 REPLACE_WHERE = "replacewhere"
 USER_METADATA = "usermetadata"  # Delta's userMetadata: text recorded with the commit
+# A write may widen a column's type only when told to (Delta's type widening is opt-in too): a
+# widening cannot be undone, and raises the table's format version.
+TYPE_WIDENING = "type_widening"
 
 DEFAULT_BUCKETS = 16
 # File group ids carry the bucket as 8 digits (Hudi's form, §11), so bucket ids stop at 99999999.
@@ -205,6 +208,9 @@ WRITE_OPTIONS: dict[str, OptionSpec] = {
                                      "written must match it"),
     USER_METADATA: OptionSpec(_text, "text recorded with the commit (each micro-batch's, for a stream), shown by "
                                      "nbcc history: a job name, a ticket"),
+    TYPE_WIDENING: OptionSpec(_bool_option(TYPE_WIDENING),
+                              "true to let this write widen a column's integer or float type to its data's wider "
+                              "one (int -> bigint, float -> double); raises the table's format version to 4"),
 }
 READ_OPTIONS: dict[str, OptionSpec] = {
     "as_of": OptionSpec(_text, "time travel: a 17-digit instant time or an ISO-8601 timestamp (UTC if no zone)"),

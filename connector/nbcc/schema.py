@@ -227,13 +227,14 @@ def is_reserved(name: str) -> bool:
 
 
 def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool = False,
-                  partition_by: Sequence[str] = ()) -> pa.Schema:
+                  partition_by: Sequence[str] = (), widen: bool = False) -> pa.Schema:
     """The table schema after writing data of schema `incoming`, or SchemaError.
 
     A `delete` batch needs only keys (and partition values): it may lack any column, and
     columns the table lacks are ignored rather than added (its rows carry no data); nor does
-    it widen a column. A floating-point `partition_by` column is not widened: its values name
-    folders, and a float's text changes as a double (1.1 becomes 1.100000023841858).
+    it widen a column. With `widen`, wider integer or float data widens its column
+    (`widened_type`); a floating-point `partition_by` column never: its values name folders,
+    and a float's text changes as a double (1.1 becomes 1.100000023841858).
     """
     check_names(incoming.names, "the data")
     problems = []
@@ -253,12 +254,17 @@ def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool 
         wider = widened_type(f.type, plain_type(src))
         if wider is not None and delete:
             problems.append(f"column {f.name!r} has type {src} in the data but {f.type} in the table; a delete "
-                            f"does not widen a column: cast its keys to {f.type} (a key that does not fit "
-                            "is in no row)")
+                            f"does not widen a column: cast it to {f.type} (a value that does not fit is in "
+                            "no row)")
         elif wider is not None and f.name in partition_by and pa.types.is_floating(wider):
             problems.append(f"partition column {f.name!r} has type {src} in the data but {f.type} in the table; "
                             "its values name folders, and a value's text changes with its width, so the "
                             f"column cannot widen: cast it to {f.type} before writing")
+        elif wider is not None and not widen:
+            problems.append(
+                f"column {f.name!r} has type {src} in the data but {f.type} in the table; cast it to {f.type} "
+                f"before writing, or widen the column to {wider} with the write option type_widening=true "
+                "(it raises the table's format version to 4: upgrade every nbcc that uses the table first)")
         elif wider is not None:
             widened[f.name] = wider
         else:

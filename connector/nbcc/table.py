@@ -30,6 +30,7 @@ from .config import (
     DYNAMIC,
     FORMAT_VERSION,
     PARTITION_DELETE_VERSION,
+    TYPE_WIDENING,
     TYPE_WIDENING_VERSION,
     PARTITION_OVERWRITE_MODE,
     PARTITION_REPLACE_VERSION,
@@ -217,13 +218,15 @@ class Table:
 
     def prepare_write(self, incoming_schema: pa.Schema, operation: str = UPSERT,
                       overwrite: bool = False, partition_overwrite_mode: str = STATIC,
-                      replace_where: Any = None, user_metadata: str | None = None) -> WriteTransaction:
+                      replace_where: Any = None, user_metadata: str | None = None,
+                      type_widening: bool = False) -> WriteTransaction:
         """Check `incoming_schema` against the table's schema and make the transaction that writes
         it, not begun (a streaming sink begins one instant per micro-batch from it). An overwrite
         with `partition_overwrite_mode="dynamic"` replaces only the partitions it writes rows to
         (on a table without partition columns: the whole table, as in Spark); one with
         `replace_where` (`replace_filter`), the partitions that match it (the caller checks the
-        rows and names them at commit). `user_metadata`: text its commit records."""
+        rows and names them at commit). `user_metadata`: text its commit records. `type_widening`:
+        wider integer or float data widens its column instead of being refused (format.md §4.2)."""
         check_write_operation(operation, overwrite)
         if user_metadata is not None and not isinstance(user_metadata, str):
             raise InvalidOptionError(f"user_metadata must be text (a job name, a ticket); got {user_metadata!r}")
@@ -254,7 +257,7 @@ class Table:
                 "which version of a record wins (deletes may leave it out)"
             )
         new_schema = evolve_schema(current, incoming_schema, delete=operation == DELETE,
-                                   partition_by=self.config.partition_by)
+                                   partition_by=self.config.partition_by, widen=type_widening)
         action, version = DELTA_COMMIT, FORMAT_VERSION
         if replace_where is not None:
             if not isinstance(replace_where, ReplaceWhere):
@@ -271,6 +274,7 @@ class Table:
             self.storage, self.clock, action, "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
             partition_depth=len(self.config.partition_by), format_version=version, user_metadata=user_metadata,
+            type_widening=type_widening,
         )
 
     def replace_filter(self, replace_where: Any, schema: pa.Schema | None = None) -> "ReplaceWhere":
@@ -325,12 +329,12 @@ class Table:
     def begin_write(self, incoming_schema: pa.Schema, operation: str = UPSERT, overwrite: bool = False,
                     check_first: Callable[[pa.Schema], None] | None = None,
                     partition_overwrite_mode: str = STATIC, replace_where: Any = None,
-                    user_metadata: str | None = None) -> WriteTransaction:
+                    user_metadata: str | None = None, type_widening: bool = False) -> WriteTransaction:
         """Check `incoming_schema` and start an instant (the first half of a write; used by the
         Spark connector, whose tasks write the files). `check_first(table_schema)` runs after the
         schema checks and before the instant exists, so a failing check writes nothing."""
         txn = self.prepare_write(incoming_schema, operation, overwrite, partition_overwrite_mode, replace_where,
-                                 user_metadata)
+                                 user_metadata, type_widening)
         if check_first is not None:
             check_first(txn.schema)
         txn.begin()
@@ -342,7 +346,7 @@ class Table:
     def write(self, data: Data, operation: str = UPSERT, *, mode: str = "append",
               partition_overwrite_mode: str = STATIC, max_log_file_bytes: int | None = None,
               compaction_delta_commits: int | None = None, compaction_inline: bool = False,
-              replace_where: Any = None, user_metadata: str | None = None) -> str | None:
+              replace_where: Any = None, user_metadata: str | None = None, type_widening: bool = False) -> str | None:
         """Write `data` as one commit; returns its instant (None: a partition deletion of no rows,
         which writes nothing). `data`: a pyarrow Table, RecordBatch, RecordBatchReader or
         iterable of RecordBatch, or anything that exports an Arrow stream (a Polars or pandas
@@ -360,20 +364,22 @@ class Table:
         bad part-way, or a write failing for any other reason, is rolled back at once.
         `compaction_delta_commits=N` schedules a compaction once N delta commits completed since
         the last one (and runs it here too with `compaction_inline=True`). `user_metadata`: text
-        recorded with the commit (Delta's userMetadata), shown by `history()`."""
+        recorded with the commit (Delta's userMetadata), shown by `history()`. `type_widening=True`:
+        integer or float data wider than its column widens the column (int32 -> int64, float ->
+        double) instead of being refused; the table's format version becomes 4."""
         data = _as_arrow(data)
         schema, batches = _as_batches(data)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
         return self._write(schema, batches, operation, mode, partition_overwrite_mode, max_log_file_bytes,
                            compaction_delta_commits, compaction_inline,
                            check_first=whole if isinstance(whole, pa.Table) else None, replace_where=replace_where,
-                           user_metadata=user_metadata)
+                           user_metadata=user_metadata, type_widening=type_widening)
 
     def _write(self, schema: pa.Schema, pieces: Iterator[pa.RecordBatch | pa.Table], operation: str, mode: str,
                partition_overwrite_mode: str, max_log_file_bytes: int | None, compaction_delta_commits: int | None,
                compaction_inline: bool, check_first: pa.Table | None = None, by_file_group: bool = False,
                commit_extra: dict[str, Any] | None = None, replace_where: Any = None,
-               user_metadata: str | None = None) -> str | None:
+               user_metadata: str | None = None, type_widening: bool = False) -> str | None:
         """`write` of `pieces` (record batches of `schema`). `check_first`: the whole data, to
         check before the instant begins. `by_file_group`: each piece is one file group's rows (a
         restore's or a delete's, read one file group at a time), whose log file is closed before
@@ -384,7 +390,8 @@ class Table:
         # Checked as the Spark options are: `operation` in any letter case, among the others.
         given, _ = parse_options({"operation": operation, "compaction_delta_commits": compaction_delta_commits,
                                   "compaction_inline": compaction_inline, "max_log_file_bytes": max_log_file_bytes,
-                                  PARTITION_OVERWRITE_MODE: partition_overwrite_mode}, WRITE_OPTIONS, "write")
+                                  PARTITION_OVERWRITE_MODE: partition_overwrite_mode, TYPE_WIDENING: type_widening},
+                                 WRITE_OPTIONS, "write")
         operation = given.get("operation", UPSERT)
 
         def compact_if_due(instant: str) -> str:
@@ -412,7 +419,8 @@ class Table:
         txn = self.begin_write(schema, operation, overwrite=mode == "overwrite",
                                check_first=check_all if check_first is not None else None,
                                partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC),
-                               replace_where=replace, user_metadata=user_metadata)
+                               replace_where=replace, user_metadata=user_metadata,
+                               type_widening=given.get(TYPE_WIDENING, False))
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s)):

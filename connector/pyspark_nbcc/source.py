@@ -37,7 +37,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructType, VariantType
+from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructField, StructType, VariantType
 
 from nbcc import Table
 from nbcc.table import ReplaceWhere
@@ -50,6 +50,7 @@ from nbcc.config import (
     REPLACE_WHERE,
     USER_METADATA,
     STATIC,
+    TYPE_WIDENING,
     STREAM_READ_OPTIONS,
     WRITE_OPTIONS,
     TableConfig,
@@ -76,7 +77,7 @@ from nbcc.scan import (
     read_schema,
     iter_task,
 )
-from nbcc.schema import null_array, nullable_schema
+from nbcc.schema import null_array, nullable_schema, widened_type
 from nbcc.storage import Storage
 from nbcc.writer import LogWriter, coalesced, partitions_named, prepare
 
@@ -212,7 +213,11 @@ def widened_since_loaded(table_schema: pa.Schema, columns: StructType) -> list[s
         if f.name in table_schema.names:
             now = _spark_schema(pa.schema([table_schema.field(f.name)])).fields[0].dataType
             if isinstance(now, NumericType) and isinstance(f.dataType, NumericType) and now != f.dataType:
-                changed.append(f"{f.name} ({f.dataType.simpleString()} -> {now.simpleString()})")
+                # Only wider: a stream's micro-batch of commits from before a widening has the
+                # narrower types, which read as the DataFrame's wider ones.
+                loaded, wider = to_arrow_schema(StructType([f, StructField(f.name, now)])).types
+                if widened_type(loaded, wider) is not None:
+                    changed.append(f"{f.name} ({f.dataType.simpleString()} -> {now.simpleString()})")
     return changed
 
 
@@ -295,6 +300,7 @@ class DefaultSource(DataSource):
         partition_overwrite_mode = options.pop(PARTITION_OVERWRITE_MODE, STATIC)
         replace_where = options.pop(REPLACE_WHERE, None)
         user_metadata = options.pop(USER_METADATA, None)
+        type_widening = options.pop(TYPE_WIDENING, False)
         check_replace_where(replace_where, overwrite, check_partition_overwrite_mode(partition_overwrite_mode))
         if replace_where is not None:
             parse_replace_where(replace_where)  # its syntax, before a first write creates the table
@@ -303,7 +309,7 @@ class DefaultSource(DataSource):
         replace = table.replace_filter(replace_where) if replace_where is not None else None
         txn = table.begin_write(arrow_schema, operation, overwrite=overwrite,
                                 partition_overwrite_mode=partition_overwrite_mode, replace_where=replace,
-                                user_metadata=user_metadata)
+                                user_metadata=user_metadata, type_widening=type_widening)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger, replace)
 
     def streamWriter(self, schema: StructType, overwrite: bool):

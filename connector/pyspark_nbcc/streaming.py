@@ -47,6 +47,7 @@ from nbcc.config import (
     READ_OPTIONS,
     REPLACE_WHERE,
     USER_METADATA,
+    TYPE_WIDENING,
     STREAM_READ_OPTIONS,
     STREAM_WRITE_OPTIONS,
     TableConfig,
@@ -113,6 +114,7 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     parsed, storage_options = parse_options(options, STREAM_WRITE_OPTIONS, "streaming write")
     stream_id = check_stream_id(parsed.pop("stream_id")) if "stream_id" in parsed else None
     user_metadata = parsed.pop(USER_METADATA, None)
+    type_widening = parsed.pop(TYPE_WIDENING, False)
     parsed.pop("checkpointlocation", None)
     if parsed.get("operation") == DELETE_PARTITION:
         raise InvalidOptionError(
@@ -122,7 +124,9 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     table, arrow_schema, operation, max_bytes, trigger = open_for_write(
         uri, parsed, storage_options, schema, overwrite)
     # Each micro-batch's commit records user_metadata.
-    template = table.prepare_write(arrow_schema, operation, overwrite, user_metadata=user_metadata)
+    template = table.prepare_write(arrow_schema, operation, overwrite, user_metadata=user_metadata,
+                                   type_widening=type_widening)
+    template.require_format_version()  # its micro-batches claim their instants without begin()
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
 
