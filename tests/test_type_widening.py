@@ -163,3 +163,24 @@ def test_writers_adding_one_column_at_two_widths_combine_as_narrower_and_wider_d
     t = nbcc.Table.open(uri)
     assert t.schema().field("c").type == pa.int64() and version(t) == 4
     assert rows(t.read()) == [{"id": 1, "c": 1}, {"id": 2, "c": BIG}, {"id": 3, "c": 3}]
+
+
+def test_a_partition_created_at_a_widened_type_while_a_replace_where_runs_is_replaced_too(tmp_path, monkeypatch):
+    # The replaceWhere began at int32 and lists int32 partitions; a commit in between widens the
+    # column and creates a partition past int32's range, whose folder must still be matched.
+    uri = str(tmp_path / "t")
+    t = nbcc.Table.create(uri, pa.schema([pa.field("id", pa.int64(), nullable=False), ("p", pa.int32())]), "id",
+                          partition_by="p", buckets=1)
+    t.write(pa.table({"id": [1], "p": pa.array([1], pa.int32())}))
+    listing = nbcc.Table.match_partitions
+
+    def listed_then_widened(self, filter):
+        match = listing(self, filter)
+        nbcc.Table.open(uri).write(pa.table({"id": [2], "p": pa.array([2**40], pa.int64())}), type_widening=True)
+        return match
+
+    monkeypatch.setattr(nbcc.Table, "match_partitions", listed_then_widened)
+    t.write(pa.table({"id": [3], "p": pa.array([1], pa.int32())}), mode="overwrite", replace_where="p >= 1")
+    monkeypatch.undo()
+    assert t.read().to_pylist() == [{"id": 3, "p": 1}]
+    assert t.history(1)[0].partitions == ("p=1", f"p={2**40}")

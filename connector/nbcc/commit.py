@@ -6,8 +6,10 @@
               release the lock, then remove the requested/inflight files
     rollback: delete the instant's data files, then its requested/inflight files
 
-The lock is held only to issue the completion time and create one small file (RFC-66 needs the
-two to be atomic). No conflict check runs: writers of different instants never conflict.
+The lock is held to issue the completion time and create one small file (RFC-66 needs the two to
+be atomic), and, for a write that adds columns or replaces the partitions matching a condition,
+to list the timeline and read the commits that completed meanwhile. No conflict check runs:
+writers of different instants never conflict.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from .clock import TimeGenerator
 from .config import FORMAT_VERSION, TYPE_WIDENING_VERSION, raise_format_version
 from .errors import CommitError, LockLostError, SchemaError, StorageError
 from .filenames import LogFile, parse_data_file
-from .schema import schema_to_json, type_from_json, widened_type
+from .schema import schema_to_json, type_from_json, widened_type, widest_of_kind
 from .storage import Storage
 from . import heartbeat
 from .metadata_table import index_commit, maintain
@@ -129,6 +131,8 @@ class WriteTransaction:
         # instant's, so such a commit adds its entries after completing (format.md §18.4).
         # Its upkeep (compacting, cleaning the metadata table) waits until the commit completed:
         # it is not needed to read the commit, and must neither delay nor fail it.
+        if match is not None:  # their commit files, read (and cached) now: under the lock, only newer ones
+            self._created_since(match, Timeline.load(self.storage).completed())
         shared_instant = bool(extra and "batch_id" in extra)
         indexed = False
         if not shared_instant:
@@ -158,14 +162,16 @@ class WriteTransaction:
         return completion
 
     def _created_since(self, match: PartitionMatch, completed: list[Instant]) -> list[str]:
-        """The partitions that `match` did not list, that commits completed after its listing
-        wrote files to, and that match its condition. Without them, a partition created while
-        a replaceWhere or a partition deletion ran would keep rows that completed before it,
-        while a partition it listed would lose them (format.md §8)."""
-        later = [i for i in completed if match.as_of is None or i.completion > match.as_of]
+        """The partitions that `match` did not list, that commits its listing did not see wrote
+        files to, and that match its condition. Without them, a partition created while a
+        replaceWhere or a partition deletion ran would keep rows that completed before it, while
+        a partition it listed would lose them (format.md §8). Folder values are read as the
+        widest type of their kind: a commit meanwhile may have widened the column."""
+        later = [i for i in completed if i.instant not in match.seen]
         written = {f["partition"] for meta in read_commit_metadatas(self.storage, later).values()
                    for f in meta.get("files", ())}
-        return match.of(sorted(written - set(match.listed)), self.schema)
+        schema = pa.schema([f.with_type(widest_of_kind(f.type)) for f in self.schema])
+        return match.of(sorted(written - set(match.listed)), schema)
 
     def _check_added_columns(self, completed: list[Instant]) -> bool:
         """Another writer may have added one of this write's new columns meanwhile. The later

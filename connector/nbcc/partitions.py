@@ -165,7 +165,9 @@ class PartitionMatch:
     listed: tuple[str, ...]
     condition: pc.Expression | None
     partition_by: tuple[str, ...]
-    as_of: str | None  # the latest completion time the listing saw; None: it saw no commit
+    # The instants of the commits the listing saw completed. Not a completion time: a commit's
+    # completed file may land after a listing that saw a later completion (clock.py's lease).
+    seen: frozenset[str]
 
     def of(self, paths: Sequence[str], schema: pa.Schema) -> list[str]:
         """Those of `paths` that match the condition."""

@@ -48,6 +48,7 @@ from .schema import (
     constant_strings,
     file_schema,
     null_array,
+    widest_of_kind,
 )
 from .storage import Storage
 from .timeline import DATA_ACTIONS, OVERWRITES, Timeline, earliest_retained, read_commit_metadata
@@ -321,12 +322,7 @@ def _key_type(config: TableConfig) -> pa.DataType:
     """A type that holds every value of the (single) record key column, whatever a commit
     widened it to since table.json (format.md §4.2): an integer key as the widest of its kind.
     A key's text, and so its bucket and key filter entry, is the same at every width."""
-    t = config.schema.field(config.record_key[0]).type
-    if pa.types.is_signed_integer(t):
-        return pa.int64()
-    if pa.types.is_unsigned_integer(t):
-        return pa.uint64()
-    return t
+    return widest_of_kind(config.schema.field(config.record_key[0]).type)
 
 
 def _as_key_type(values: tuple, value_type: pa.DataType | None, key_type: pa.DataType) -> pa.Array:

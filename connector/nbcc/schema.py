@@ -145,6 +145,17 @@ def widened_type(column: pa.DataType, incoming: pa.DataType) -> pa.DataType | No
     return None
 
 
+def widest_of_kind(t: pa.DataType) -> pa.DataType:
+    """The widest type `t` may be widened to (`widened_type`): int64 for a signed integer,
+    uint64 for an unsigned one, `t` itself otherwise. It holds any value of the column, whatever
+    a commit widened it to (an integer's text, its bucket and folder, are the same at any width)."""
+    if pa.types.is_signed_integer(t):
+        return pa.int64()
+    if pa.types.is_unsigned_integer(t):
+        return pa.uint64()
+    return t
+
+
 def _nested_equal_ignoring_nullability(a: pa.DataType, b: pa.DataType) -> bool:
     def norm(t: pa.DataType) -> Any:
         if pa.types.is_struct(t):

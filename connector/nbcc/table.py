@@ -486,7 +486,7 @@ class Table:
         paths = sorted({partition for partition, _ in slices_by_group(self.storage, view)})
         expression = self.partition_condition(filter, view.schema)
         return PartitionMatch(tuple(matching(paths, expression, self.config.partition_by, view.schema)), expression,
-                              self.config.partition_by, view.completed[-1].completion if view.completed else None)
+                              self.config.partition_by, frozenset(i.instant for i in view.completed))
 
     def delete_partitions(self, filter: Any, *, user_metadata: str | None = None) -> str | None:
         """Delete every row of the partitions whose values match `filter` (as `read`'s, on
