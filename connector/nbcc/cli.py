@@ -482,6 +482,8 @@ def cmd_update(args: argparse.Namespace) -> int:
     where = _conditions(table, args)
     schema = table.schema()
     updates = dict(typed_value(column, text, schema) for column, text in args.set)
+    if len(updates) < len(args.set):
+        raise InvalidOptionError("--set names a column more than once; give each column one value")
     if args.dry_run:
         check_updates(updates, schema, table.config)
         plan = table.plan(filter=where)

@@ -721,7 +721,7 @@ class Table:
         schema = self.schema()
         exprs = check_updates(updates, schema, self.config)  # before anything is read
         plan = self.plan(filter=filter)
-        groups = (apply_updates(rows, exprs) for rows in (read_task(self.storage, plan, task) for task in plan.tasks)
+        groups = (apply_updates(rows, exprs, self.config) for rows in (read_task(self.storage, plan, task) for task in plan.tasks)
                   if rows.num_rows)
         first = next(groups, None)
         if first is None:

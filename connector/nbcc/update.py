@@ -6,9 +6,12 @@ records is ordered against the update as any two writes are (README: merge modes
 A new value is a literal (a Python value or a pyarrow scalar, cast to the column's type) or a
 pyarrow compute expression over the record's columns as read (`pc.field("price") * 1.1`),
 evaluated with Arrow, a batch at a time. Record-key and partition columns are not set: a record
-with another key or partition is another record (write it, and delete the old one). In a
-`partial_update` table a null in a write means "unchanged", so a null new value leaves the
-column as it was (a literal null is refused for that reason).
+with another key or partition is another record (write it, and delete the old one). Nor is the
+ordering field of an `event_time` or `partial_update` table: the update keeps the value it read,
+so that it wins over that version, and a lower one would lose to it. In a `partial_update` table
+the update writes only the columns it sets (and the key, partition and ordering columns): a
+null in a write means "unchanged" there, so the other columns keep what concurrent writers give
+them, and a null new value leaves its column as it was (a literal null is refused).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from .config import PARTIAL_UPDATE, TableConfig
+from .config import COMMIT_TIME, PARTIAL_UPDATE, TableConfig
 from .errors import InvalidOptionError
 from .expr import cut_description, sql_literal
 from .schema import is_reserved
@@ -34,6 +37,7 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
         raise InvalidOptionError(f"updates must be a non-empty mapping of column to new value, {_EXAMPLE}; "
                                  f"got {updates!r}")
     fixed = set(config.record_key) | set(config.partition_by)
+    ordered = config.ordering_field if config.merge_mode != COMMIT_TIME else None
     out: dict[str, pc.Expression] = {}
     for column, value in updates.items():
         if not isinstance(column, str) or column not in schema.names:
@@ -48,6 +52,12 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
                 f"update of column {column!r}: a {what} column is not set by an update, since a record with "
                 f"another {what} value is another record; write the record with its new value and delete the "
                 "old one (Table.delete)")
+        if column == ordered:
+            raise InvalidOptionError(
+                f"update of column {column!r}: it is the ordering field of this {config.merge_mode} table, which "
+                "decides which version of a record wins; an update keeps the value it read so that it wins over "
+                "that version (a lower value would lose to it). To change it, write the records with their new "
+                "values")
         t = schema.field(column).type
         if isinstance(value, pc.Expression):
             out[column] = value.cast(t)
@@ -61,23 +71,31 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
                                      f"({str(exc).splitlines()[0]})") from None
         if not schema.field(column).nullable and not scalar.is_valid:
             raise InvalidOptionError(f"update of column {column!r}: the column is not nullable; give a value")
+        if column == config.ordering_field and not scalar.is_valid:
+            raise InvalidOptionError(f"update of column {column!r}: the ordering field needs a value in every "
+                                     "written record; give one")
         if config.merge_mode == PARTIAL_UPDATE and not scalar.is_valid:
             raise InvalidOptionError(
                 f"update of column {column!r} to null: in a partial_update table a null in a write means "
                 "'unchanged', so the column would keep its value; to clear it, delete the record and write it "
                 "again without the value")
         out[column] = pc.scalar(scalar)
+    apply_updates(schema.empty_table(), out, config)  # names and types checked now, rows or not
     return out
 
 
-def apply_updates(rows: pa.Table, updates: Mapping[str, pc.Expression]) -> pa.Table:
-    """`rows` with the updated columns' new values (every other column as it was)."""
-    projection = {name: updates.get(name, pc.field(name)) for name in rows.column_names}
+def apply_updates(rows: pa.Table, updates: Mapping[str, pc.Expression], config: TableConfig) -> pa.Table:
+    """`rows` with the updated columns' new values: every other column as it was or, in a
+    `partial_update` table, null ("unchanged") but for the key, partition and ordering columns."""
+    kept = set(config.record_key) | set(config.partition_by) | {config.ordering_field}
+    partial = config.merge_mode == PARTIAL_UPDATE
+    projection = {name: updates[name] if name in updates else pc.field(name) if not partial or name in kept
+                  else pc.scalar(None).cast(rows.schema.field(name).type) for name in rows.column_names}
     try:
         new = ds.dataset(rows).to_table(columns=projection, use_threads=False)  # keeps the row order
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+        return new.cast(rows.schema)  # types as the table's (a cast expression gives them; nullability)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as exc:
         raise InvalidOptionError(f"an update's new values could not be computed: {str(exc).splitlines()[0]}") from None
-    return new.cast(rows.schema)  # types as the table's (a cast expression gives them; nullability)
 
 
 def describe_updates(updates: Mapping[str, Any]) -> str:
