@@ -460,21 +460,30 @@ def _completed(table: Table, instant: str) -> tuple[Any, dict[str, Any]]:
     return done, read_commit_metadata(table.storage, done)
 
 
+def _count_matching(table: Table, where: list[Any]) -> int:
+    """How many records match `where` (what a --dry-run prints)."""
+    plan = table.plan(filter=where)
+    return sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
+
+
+def _report_records(table: Table, instant: str | None, done: str) -> int:
+    """Print what a delete or an update (`done`: its past tense) wrote, or that it wrote nothing."""
+    if instant is None:
+        print(f"no record of {table.uri} matches; nothing was written")
+        return 0
+    completed, meta = _completed(table, instant)
+    print(f"{done} {_n(meta['rows'], 'record')} of {table.uri} with commit {instant} (completed at "
+          f"{completed.completion})")
+    return 0
+
+
 def cmd_delete(args: argparse.Namespace) -> int:
     table = _open(args)
     where = _conditions(table, args)
     if args.dry_run:
-        plan = table.plan(filter=where)
-        matched = sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
-        print(f"would delete {_n(matched, 'record')}")
+        print(f"would delete {_n(_count_matching(table, where), 'record')}")
         return 0
-    instant = table.delete(where)
-    if instant is None:
-        print(f"no record of {table.uri} matches; nothing was written")
-        return 0
-    done, meta = _completed(table, instant)
-    print(f"deleted {_n(meta['rows'], 'record')} of {table.uri} with commit {instant} (completed at {done.completion})")
-    return 0
+    return _report_records(table, table.delete(where), "deleted")
 
 
 def cmd_update(args: argparse.Namespace) -> int:
@@ -486,17 +495,9 @@ def cmd_update(args: argparse.Namespace) -> int:
         raise InvalidOptionError("--set names a column more than once; give each column one value")
     if args.dry_run:
         check_updates(updates, schema, table.config)
-        plan = table.plan(filter=where)
-        matched = sum(read_task(table.storage, plan, task).num_rows for task in plan.tasks)
-        print(f"would update {_n(matched, 'record')}")
+        print(f"would update {_n(_count_matching(table, where), 'record')}")
         return 0
-    instant = table.update(updates, where)
-    if instant is None:
-        print(f"no record of {table.uri} matches; nothing was written")
-        return 0
-    done, meta = _completed(table, instant)
-    print(f"updated {_n(meta['rows'], 'record')} of {table.uri} with commit {instant} (completed at {done.completion})")
-    return 0
+    return _report_records(table, table.update(updates, where), "updated")
 
 
 def cmd_delete_partitions(args: argparse.Namespace) -> int:
