@@ -763,6 +763,9 @@ def test_update_counts_first_with_dry_run_then_sets_the_values_of_the_matching_r
     assert code == 2 and "give COLUMN=VALUE" in err
     code, out, err = run(capsys, "update", uri, "--set", "note=a", "--set", "NOTE=b", "--where", "id = 1")
     assert code == 1 and "--set names a column more than once" in err
+    # NULL is null in --set; in a condition, SQL's = NULL matches nothing, so it is refused there.
+    code, out, err = run(capsys, "update", uri, "--set", "note=x", "--where", "note = NULL")
+    assert code == 2 and "NULL is not a value to compare with" in err and "'COL is null'" in err
     code, out, err = run(capsys, "update", uri, "--set", "note=x", "--where", "id = 99")
     assert code == 0 and "no record of" in out and "nothing was written" in out
     assert table.timeline() == timeline

@@ -62,6 +62,8 @@ def test_wider_data_widens_the_columns_and_every_file_reads_at_the_wider_type(tm
     assert t.schema() == pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("ts", pa.int64()),
                                     pa.field("v", pa.float64()), pa.field("day", pa.int32())])
     assert version(t) == 4
+    assert t.history(1)[0].parameters["widened"] == ["id: int32 -> int64", "ts: int32 -> int64", "v: float -> double",
+                                                     "day: int16 -> int32"]
     want = [{"id": 1, "ts": 10, "v": 0.5, "day": 1}, {"id": 2, "ts": 11, "v": 7.25, "day": 1},
             {"id": 3, "ts": 10, "v": 2.5, "day": 1}, {"id": BIG, "ts": BIG, "v": PRECISE, "day": 70_000}]
     assert rows(t.read()) == want

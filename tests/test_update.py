@@ -119,3 +119,18 @@ def test_in_a_partial_update_table_an_update_leaves_the_columns_it_does_not_set_
     other.commit(writer.close())
     got = rows(t)
     assert got[0] == ("a", 1, 99.0, "shipped") and got[2] == ("a", 1, None, "shipped")
+
+
+def test_literals_are_recorded_as_written_and_a_float_that_a_decimal_would_round_is_refused(tmp_path):
+    from decimal import Decimal
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("amount", pa.decimal128(10, 2)),
+                        ("flag", pa.bool_()), ("note", pa.string())])
+    t = nbcc.Table.create(str(tmp_path / "t"), schema, "id", buckets=1)
+    t.write(pa.table({"id": [1], "amount": [Decimal("1.00")], "flag": [True], "note": ["x"]}, schema=schema))
+    with pytest.raises(InvalidOptionError, match=r"update of column 'amount': 2.555 is not a value of its type "
+                                                 r"decimal128\(10, 2\)"):
+        t.update({"amount": 2.555})
+    t.update({"amount": 2.5, "flag": 0, "note": 5})
+    assert t.read().to_pylist() == [{"id": 1, "amount": Decimal("2.50"), "flag": False, "note": "5"}]
+    assert t.history(1)[0].parameters["updates"] == "amount = 2.50, flag = false, note = '5'"

@@ -741,7 +741,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Set columns of the records whose values match every --where (any columns) "
                                    "to new values, with one upsert commit of those records. A concurrent write to "
                                    "them is ordered against it as any two writes are (README: merge modes). "
-                                   "Record-key and partition columns are not set.")
+                                   "Record-key and partition columns are not set, nor the ordering field of an "
+                                   "event_time or partial_update table; in a partial_update table NULL cannot be "
+                                   "set (a null means 'unchanged' there).")
     p.add_argument("--set", metavar="COLUMN=VALUE", type=_assignment, action="append", required=True,
                    help="a new value, as text in the column's type (quote it as in --where; NULL for null); "
                         "repeat for more columns")

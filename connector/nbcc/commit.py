@@ -60,6 +60,7 @@ class WriteTransaction:
     instant: str = ""
     user_metadata: str | None = None  # recorded with the commit (the userMetadata option)
     type_widening: bool = False  # it may widen column types (format.md §4.2)
+    widened: list[str] = field(default_factory=list)  # those it widens, "x: float -> double" (recorded)
 
     def require_format_version(self) -> None:
         """Raise the table's format version to the one this write needs (§3), under the lock.
@@ -119,6 +120,7 @@ class WriteTransaction:
             "bytes": sum(int(f["bytes"]) for f in files),
             **committed_by(),
             **({"user_metadata": self.user_metadata} if self.user_metadata is not None else {}),
+            **({"widened": self.widened} if self.widened else {}),
             **(extra or {}),
         }
         if self.action == REPLACE_PARTITIONS:  # its scope (format.md §8)

@@ -47,6 +47,10 @@ def _values(text: str, single: bool = False) -> list[str]:
                 f"{text!r} is not {'a value' if single else 'a list of values V1,V2'}: quote a value that holds "
                 "commas, quotes or the word AND or OR ('a, b', 'it''s'); conditions are joined by AND (on "
                 "the command line, by repeating --where), and OR is not supported")
+        if m[3] is not None and m[3].lower() == "null":
+            # SQL's `= NULL` matches nothing, and `--set COL=NULL` sets a null: neither is the text.
+            raise InvalidOptionError("NULL is not a value to compare with (in SQL, = NULL matches no row): write "
+                                     "'COL is null' or 'COL is not null', or quote 'NULL' to mean the text")
         out.append(m[1].replace("''", "'") if m[1] is not None else m[2].replace('""', '"') if m[2] is not None
                    else m[3])
         pos = m.end()

@@ -12,8 +12,8 @@ from .storage import Storage
 from .timeline import CLEAN, INDEXING, REPLACE_COMMIT, Timeline, read_commit_metadatas
 
 # Commit-metadata fields that say how a commit was asked for (Delta's operationParameters).
-_PARAMETERS = ("user_metadata", "replace_where", "condition", "updates", "replaced_partitions", "restored_as_of",
-               "stream_id", "batch_id", "earliest_retained", "rolled_back")
+_PARAMETERS = ("user_metadata", "replace_where", "condition", "updates", "widened", "replaced_partitions",
+               "restored_as_of", "stream_id", "batch_id", "earliest_retained", "rolled_back")
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class CommitInfo:
     `replaces_table`: it replaced every partition (a `replacecommit`: an overwrite or a
     restore). `user`, `host`: who completed it (None before nbcc recorded them).
     `parameters`: how it was asked for, as recorded (`user_metadata`, `replace_where`,
-    `condition`, `updates`, `replaced_partitions`, `restored_as_of`, `stream_id` and `batch_id`; a clean's
+    `condition`, `updates`, `widened`, `replaced_partitions`, `restored_as_of`, `stream_id` and `batch_id`; a clean's
     `earliest_retained` and `rolled_back`; an indexing's `built`)."""
 
     instant: str

@@ -268,13 +268,15 @@ class Table:
             dynamic = partition_overwrite_mode == DYNAMIC and self.config.partition_by
             action = REPLACE_PARTITIONS if dynamic else REPLACE_COMMIT
             version = PARTITION_REPLACE_VERSION if dynamic else FORMAT_VERSION
-        if widened_columns(current, new_schema):
+        widened = [f"{n}: {current.field(n).type} -> {new_schema.field(n).type}"
+                   for n in widened_columns(current, new_schema)]
+        if widened:
             version = TYPE_WIDENING_VERSION  # versions are cumulative: it has 2's and 3's actions too
         return WriteTransaction(
             self.storage, self.clock, action, "overwrite" if overwrite else operation, new_schema,
             added_columns=[n for n in new_schema.names if n not in current.names],
             partition_depth=len(self.config.partition_by), format_version=version, user_metadata=user_metadata,
-            type_widening=type_widening,
+            type_widening=type_widening, widened=widened,
         )
 
     def replace_filter(self, replace_where: Any, schema: pa.Schema | None = None) -> "ReplaceWhere":
@@ -726,7 +728,7 @@ class Table:
         first = next(groups, None)
         if first is None:
             return None
-        extra = {"operation": "update", "updates": describe_updates(updates),  # recorded as an update
+        extra = {"operation": "update", "updates": describe_updates(exprs),  # recorded as an update
                  **({"condition": describe(filter)} if filter is not None else {})}
         return self._write(first.schema, itertools.chain([first], groups), UPSERT, "append", STATIC,
                            max_log_file_bytes=None, compaction_delta_commits=None, compaction_inline=False,

@@ -16,6 +16,7 @@ them, and a null new value leaves its column as it was (a literal null is refuse
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Mapping
 
 import pyarrow as pa
@@ -30,15 +31,16 @@ from .schema import is_reserved
 _EXAMPLE = "e.g. {'status': 'shipped', 'price': pc.field('price') * 1.1}"
 
 
-def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[str, pc.Expression]:
-    """`updates` (column -> new value) as one expression per column, each of the column's type;
-    InvalidOptionError if a column cannot be set or a literal does not fit it."""
+def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[str, pa.Scalar | pc.Expression]:
+    """`updates` (column -> new value) with each literal as a scalar of its column's type (an
+    expression as given); InvalidOptionError if a column cannot be set, a literal does not fit
+    its column without loss, or an expression names what the table lacks."""
     if not isinstance(updates, Mapping) or not updates:
         raise InvalidOptionError(f"updates must be a non-empty mapping of column to new value, {_EXAMPLE}; "
                                  f"got {updates!r}")
     fixed = set(config.record_key) | set(config.partition_by)
     ordered = config.ordering_field if config.merge_mode != COMMIT_TIME else None
-    out: dict[str, pc.Expression] = {}
+    out: dict[str, pa.Scalar | pc.Expression] = {}
     for column, value in updates.items():
         if not isinstance(column, str) or column not in schema.names:
             spelled = {n.lower(): n for n in schema.names}.get(str(column).lower())
@@ -51,7 +53,7 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
             raise InvalidOptionError(
                 f"update of column {column!r}: a {what} column is not set by an update, since a record with "
                 f"another {what} value is another record; write the record with its new value and delete the "
-                "old one (Table.delete)")
+                "old one (Table.delete, nbcc delete)")
         if column == ordered:
             raise InvalidOptionError(
                 f"update of column {column!r}: it is the ordering field of this {config.merge_mode} table, which "
@@ -60,14 +62,17 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
                 "values")
         t = schema.field(column).type
         if isinstance(value, pc.Expression):
-            out[column] = value.cast(t)
+            out[column] = value
             continue
+        given = value
+        if isinstance(value, float) and pa.types.is_decimal(t):
+            value = Decimal(repr(value))  # as written, so that the cast refuses digits it would round away
         try:
             scalar = value if isinstance(value, pa.Scalar) else pa.scalar(value)
             scalar = scalar.cast(t) if not scalar.type.equals(t) else scalar
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError,
                 OverflowError) as exc:
-            raise InvalidOptionError(f"update of column {column!r}: {value!r} is not a value of its type {t} "
+            raise InvalidOptionError(f"update of column {column!r}: {given!r} is not a value of its type {t} "
                                      f"({str(exc).splitlines()[0]})") from None
         if not schema.field(column).nullable and not scalar.is_valid:
             raise InvalidOptionError(f"update of column {column!r}: the column is not nullable; give a value")
@@ -79,18 +84,26 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
                 f"update of column {column!r} to null: in a partial_update table a null in a write means "
                 "'unchanged', so the column would keep its value; to clear it, delete the record and write it "
                 "again without the value")
-        out[column] = pc.scalar(scalar)
+        out[column] = scalar
     apply_updates(schema.empty_table(), out, config)  # names and types checked now, rows or not
     return out
 
 
-def apply_updates(rows: pa.Table, updates: Mapping[str, pc.Expression], config: TableConfig) -> pa.Table:
-    """`rows` with the updated columns' new values: every other column as it was or, in a
-    `partial_update` table, null ("unchanged") but for the key, partition and ordering columns."""
+def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expression], config: TableConfig
+                  ) -> pa.Table:
+    """`rows` with the updated columns' new values (`check_updates`'): every other column as it
+    was or, in a `partial_update` table, null ("unchanged") but for the key, partition and
+    ordering columns."""
     kept = set(config.record_key) | set(config.partition_by) | {config.ordering_field}
     partial = config.merge_mode == PARTIAL_UPDATE
-    projection = {name: updates[name] if name in updates else pc.field(name) if not partial or name in kept
-                  else pc.scalar(None).cast(rows.schema.field(name).type) for name in rows.column_names}
+
+    def new_value(field: pa.Field) -> pc.Expression:
+        if field.name in updates:
+            value = updates[field.name]
+            return value.cast(field.type) if isinstance(value, pc.Expression) else pc.scalar(value)
+        return pc.field(field.name) if not partial or field.name in kept else pc.scalar(None).cast(field.type)
+
+    projection = {f.name: new_value(f) for f in rows.schema}
     try:
         new = ds.dataset(rows).to_table(columns=projection, use_threads=False)  # keeps the row order
         return new.cast(rows.schema)  # types as the table's (a cast expression gives them; nullability)
@@ -98,9 +111,9 @@ def apply_updates(rows: pa.Table, updates: Mapping[str, pc.Expression], config: 
         raise InvalidOptionError(f"an update's new values could not be computed: {str(exc).splitlines()[0]}") from None
 
 
-def describe_updates(updates: Mapping[str, Any]) -> str:
-    """The updates as one line for people (commit metadata's `updates`, `nbcc history`):
-    `status = 'shipped', price = multiply(price, 1.1)`."""
+def describe_updates(updates: Mapping[str, pa.Scalar | pc.Expression]) -> str:
+    """`check_updates`' updates as one line for people (commit metadata's `updates`, `nbcc
+    history`): literals as written, `status = 'shipped', price = multiply_checked(price, 1.1)`."""
     def text(value: Any) -> str:
         if isinstance(value, pc.Expression):
             return " ".join(str(value).split())
