@@ -134,3 +134,28 @@ def test_literals_are_recorded_as_written_and_a_float_that_a_decimal_would_round
     t.update({"amount": 2.5, "flag": 0, "note": 5})
     assert t.read().to_pylist() == [{"id": 1, "amount": Decimal("2.50"), "flag": False, "note": "5"}]
     assert t.history(1)[0].parameters["updates"] == "amount = 2.50, flag = false, note = '5'"
+
+
+def test_times_with_and_without_a_zone_do_not_stand_in_for_each_other(tmp_path):
+    # As a write refuses them: a time with a zone is an instant, one without a wall-clock reading.
+    import datetime as dt
+
+    from nbcc.conditions import typed_value
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("at", pa.timestamp("us", tz="UTC")),
+                        ("local", pa.timestamp("us"))])
+    t = nbcc.Table.create(str(tmp_path / "t"), schema, "id", buckets=1)
+    t.write(pa.table({"id": [1], "at": [None], "local": [None]}, schema=schema))
+    zoned = dt.datetime(2026, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    wall = dt.datetime(2026, 1, 1, 12)
+    with pytest.raises(InvalidOptionError, match="is a time without a zone, and the column holds times with one"):
+        t.update({"at": wall})
+    with pytest.raises(InvalidOptionError, match="is a time with a zone, and the column holds times without one"):
+        t.update({"local": zoned})
+    t.update({"at": zoned, "local": wall})
+    assert t.read().to_pylist() == [{"id": 1, "at": dt.datetime(2026, 1, 1, 10, tzinfo=dt.timezone.utc),
+                                     "local": wall}]
+    # The command line's --set: a zone given for a column without one is refused, not converted.
+    with pytest.raises(InvalidOptionError, match=r"--set local: '2026-01-01T12:00:00\+02:00' is not a timestamp"):
+        typed_value("local", "2026-01-01T12:00:00+02:00", t.schema())
+    assert typed_value("LOCAL", "2026-01-01T12:00:00", t.schema())[1].as_py() == wall

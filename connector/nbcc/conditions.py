@@ -273,6 +273,10 @@ def typed_value(column: str, text: str | None, schema: pa.Schema) -> tuple[str, 
     if text is None:
         return column, pa.scalar(None, t)
     try:
+        if pa.types.is_timestamp(t) and t.tz is None:
+            # A value to store, not to compare: a time with a zone is an instant, and a column
+            # without one (TIMESTAMP_NTZ) holds wall-clock times, as a write refuses it too.
+            return column, pc.cast(pa.array([text], pa.string()), t)[0]
         return column, _cast_texts([text], t)[0]
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise InvalidOptionError(f"--set {column}: {text!r} is not a {t} value ({str(exc).splitlines()[0]})") from None

@@ -74,6 +74,13 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
                 OverflowError) as exc:
             raise InvalidOptionError(f"update of column {column!r}: {given!r} is not a value of its type {t} "
                                      f"({str(exc).splitlines()[0]})") from None
+        given_type = value.type if isinstance(value, pa.Scalar) else pa.scalar(value).type
+        if pa.types.is_timestamp(t) and pa.types.is_timestamp(given_type) and (t.tz is None) != (given_type.tz is None):
+            # As a write refuses it: a time with a zone is an instant, one without a wall-clock reading.
+            raise InvalidOptionError(
+                f"update of column {column!r} ({t}): {given!r} is a time {'with' if given_type.tz else 'without'} a "
+                f"zone, and the column holds times {'with' if t.tz else 'without'} one; they never stand in for "
+                "each other: give a datetime " + ("with a tzinfo" if t.tz else "without a tzinfo"))
         if not schema.field(column).nullable and not scalar.is_valid:
             raise InvalidOptionError(f"update of column {column!r}: the column is not nullable; give a value")
         if column == config.ordering_field and not scalar.is_valid:
