@@ -2,8 +2,9 @@
 
 Writers upsert overlapping keys into one local table without pause, while a compactor schedules
 and executes compactions over and over (sometimes scheduling, letting writers commit more, and
-only then running), a cleaner runs `clean(retain_commits=5)` every few commits, and two reader
-threads read the snapshot all along:
+only then running), a cleaner runs `clean(retain_commits=5)` every few commits (its window
+widened to cover the reads in progress, as a deployment chooses its window to cover its longest
+read: each reader says when its read began), and two reader threads read the snapshot all along:
 
 - writers: 3 OS processes using the Python API (`Table.write`) and 1 Spark job series (a thread
   of the shared session);
@@ -32,6 +33,8 @@ have been scheduled, so compactions are interleaved with the writes whatever the
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import subprocess
 import sys
@@ -46,6 +49,7 @@ import pyarrow.parquet as pq
 
 import nbcc
 import pyspark_nbcc
+from nbcc.clock import format_time
 from soak import Reference, json_lines  # the reference fold, shared with the soak test
 
 PROCESS_WRITERS = 3
@@ -56,6 +60,8 @@ KEYS = 300
 DELETE_FRACTION = 0.08
 RETAIN_COMMITS = 5
 CLEAN_EVERY_COMMITS = 3
+READS = "reads"  # in the work folder: one file per reader naming when its read in progress began
+READ_SLACK_S = 0.5  # for a read that began but has not said so yet when the cleaner looks
 DEADLINE_S = 240  # a hang guard only: nothing asserts how long anything takes
 
 DELETED = "_nbcc_is_deleted"
@@ -143,9 +149,24 @@ CLEANER_SCRIPT = textwrap.dedent("""
     import json, sys, time
     from pathlib import Path
     import nbcc
+    from nbcc.clock import format_time
 
     uri, work = sys.argv[1], Path(sys.argv[2])
     retain, every = int(sys.argv[3]), int(sys.argv[4])
+    reads, slack_s = work / sys.argv[6], float(sys.argv[7])
+
+    def window(table, least):
+        # The reads in progress need the state as of when they began: keep every commit since.
+        times = [format_time(time.time_ns() // 1_000_000 - int(slack_s * 1000))]
+        for f in reads.glob("*.json"):
+            try:
+                times.append(json.loads(f.read_text())["began"])
+            except (OSError, ValueError, KeyError):
+                continue  # gone: that read is over
+        newer = sum(1 for i in table.timeline() if i.is_completed and i.action == "deltacommit"
+                    and i.completion >= min(times))
+        return max(least, newer + 1)
+
     table = nbcc.Table.open(uri)
     deadline = time.monotonic() + float(sys.argv[5])
     log = open(work / "cleans.jsonl", "a")
@@ -156,7 +177,7 @@ CLEANER_SCRIPT = textwrap.dedent("""
         data = sum(1 for i in done if i.action == "deltacommit")
         compactions = sum(1 for i in done if i.action == "commit")
         if finishing or data - last_data >= every or compactions > last_compactions:
-            result = table.clean(retain_commits=retain)
+            result = table.clean(retain_commits=window(table, retain))
             log.write(json.dumps({"instant": result.get("instant"), "data_commits_seen": data,
                                   "earliest_retained": result["earliest_retained"],
                                   "deleted": len(result["deleted"]),
@@ -206,7 +227,7 @@ def _wait(condition, what: str, procs: list[subprocess.Popen]) -> None:
 def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
     uri = str(tmp_path / "table")
     work = tmp_path / "work"
-    work.mkdir()
+    (work / READS).mkdir(parents=True)
     nbcc.Table.create(uri, SCHEMA, "id", ordering_field="ts", buckets=4)
     table = nbcc.Table.open(uri)
 
@@ -240,11 +261,16 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
     def reader(r: int) -> None:
         try:
             mine = nbcc.Table.open(uri)
+            said = work / READS / f"reader-{r}.json"
             while not stop_reading.is_set():
+                began = format_time(time.time_ns() // 1_000_000)
+                (work / READS / f"reader-{r}.tmp").write_text(json.dumps({"began": began}))
+                os.replace(work / READS / f"reader-{r}.tmp", said)  # whole, for the cleaner
                 # Every data commit completed before the read starts must be in what it returns.
                 done = [i.completion for i in mine.timeline() if i.is_completed and i.action == "deltacommit"]
                 floor = max(done, default=None)
                 reads[r].append((floor, mine.read().to_pylist()))
+                said.unlink()
                 stop_reading.wait(0.01)  # leave the writers some CPU
         except BaseException as exc:  # noqa: BLE001
             errors.append((f"reader-{r}", exc))
@@ -252,7 +278,8 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
     writers = [_spawn(scripts["writer"], uri, work, w, COMMITS_PER_WRITER, DEADLINE_S)
                for w in range(PROCESS_WRITERS)]
     compactor = _spawn(scripts["compactor"], uri, work, DEADLINE_S)
-    cleaner = _spawn(scripts["cleaner"], uri, work, RETAIN_COMMITS, CLEAN_EVERY_COMMITS, DEADLINE_S)
+    cleaner = _spawn(scripts["cleaner"], uri, work, RETAIN_COMMITS, CLEAN_EVERY_COMMITS, DEADLINE_S, READS,
+                     READ_SLACK_S)
     procs = writers + [compactor, cleaner]
     threads = [threading.Thread(target=spark_writer, name="spark-writer", daemon=True)]
     threads += [threading.Thread(target=reader, args=(r,), name=f"reader-{r}", daemon=True) for r in reads]

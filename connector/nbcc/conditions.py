@@ -29,9 +29,10 @@ _CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != <> < <= > >=), COLUMN in
 _ITEM = re.compile(r"""\s*(?:'((?:[^']|'')*)'|"((?:[^"]|"")*)"|([^,'"]*?))\s*(,|$)""")
 
 
-def _values(text: str, single: bool = False) -> list[str]:
+def _values(text: str, single: bool = False, refuse_null: bool = False) -> list[str]:
     """The values of a condition's text: `V`, or a list `V1, 'V 2', (V3, V4)` (SQL's
-    parentheses optional); a bare value holding AND or OR is refused (one condition each)."""
+    parentheses optional); a bare value holding AND or OR is refused (one condition each), and
+    with `refuse_null` a bare NULL."""
     text = text.strip()
     if not single and text.startswith("(") and text.endswith(")"):
         text = text[1:-1]
@@ -47,7 +48,7 @@ def _values(text: str, single: bool = False) -> list[str]:
                 f"{text!r} is not {'a value' if single else 'a list of values V1,V2'}: quote a value that holds "
                 "commas, quotes or the word AND or OR ('a, b', 'it''s'); conditions are joined by AND (on "
                 "the command line, by repeating --where), and OR is not supported")
-        if m[3] is not None and m[3].lower() == "null":
+        if refuse_null and m[3] is not None and m[3].lower() == "null":
             # SQL's `= NULL` matches nothing, and `--set COL=NULL` sets a null: neither is the text.
             raise InvalidOptionError("NULL is not a value to compare with (in SQL, = NULL matches no row): write "
                                      "'COL is null' or 'COL is not null', or quote 'NULL' to mean the text")
@@ -58,19 +59,21 @@ def _values(text: str, single: bool = False) -> list[str]:
             return out
 
 
-def parse_condition(text: str) -> tuple[Any, ...]:
+def parse_condition(text: str, refuse_null: bool = True) -> tuple[Any, ...]:
     """A condition as the command line takes it (`day < 2026-09-01`, `region in 'eu west',us`,
-    `day is null`): a filter tuple whose values are still text."""
+    `day is null`): a filter tuple whose values are still text. An unquoted NULL value is
+    refused (`refuse_null`; replaceWhere's parser, which masks quoted literals, says so itself)."""
     m = re.fullmatch(r"\s*(\S+?)\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
     if m:
         return (m[1], "is_not_null" if m[2] else "is_null")
     m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s*(\S.*?)\s*", text, re.IGNORECASE)
     if m:
-        return (m[1], "in" if m[2].lower() == "in" else "not_in", _values(m[3]))
+        return (m[1], "in" if m[2].lower() == "in" else "not_in", _values(m[3], refuse_null=refuse_null))
     # An operator not followed by another operator character: `s >= ` is not `s > '='`.
     m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|<>|==|=|<|>)(?![<>=!])\s*(\S.*?)\s*", text)
     if m:
-        return (m[1], {"<>": "!="}.get(m[2], OPERATOR_ALIASES.get(m[2], m[2])), _values(m[3], single=True)[0])
+        return (m[1], {"<>": "!="}.get(m[2], OPERATOR_ALIASES.get(m[2], m[2])),
+                _values(m[3], single=True, refuse_null=refuse_null)[0])
     raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
 
 
@@ -167,7 +170,7 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
             raise InvalidOptionError(f"{unmasked(part)!r}: NOT is not supported here (NOT IN and != are); give "
                                      "conditions joined by AND")
         try:
-            column, *rest = parse_condition(part)  # literals still masked: which values were quoted
+            column, *rest = parse_condition(part, refuse_null=False)  # literals still masked: which were quoted
         except InvalidOptionError:
             raise InvalidOptionError(
                 f"{unmasked(part)!r} is not a condition it can read (COLUMN OP 'literal', COLUMN [NOT] IN ('a', "
