@@ -134,7 +134,7 @@ class WriteTransaction:
         # Its upkeep (compacting, cleaning the metadata table) waits until the commit completed:
         # it is not needed to read the commit, and must neither delay nor fail it.
         if match is not None:  # their commit files, read (and cached) now: under the lock, only newer ones
-            self._created_since(match, Timeline.load(self.storage).completed())
+            read_commit_metadatas(self.storage, match.unseen(Timeline.load(self.storage).completed()))
         shared_instant = bool(extra and "batch_id" in extra)
         indexed = False
         if not shared_instant:
@@ -169,8 +169,7 @@ class WriteTransaction:
         replaceWhere or a partition deletion ran would keep rows that completed before it, while
         a partition it listed would lose them (format.md §8). Folder values are read as the
         widest type of their kind: a commit meanwhile may have widened the column."""
-        later = [i for i in completed if i.instant not in match.seen]
-        written = {f["partition"] for meta in read_commit_metadatas(self.storage, later).values()
+        written = {f["partition"] for meta in read_commit_metadatas(self.storage, match.unseen(completed)).values()
                    for f in meta.get("files", ())}
         schema = pa.schema([f.with_type(widest_of_kind(f.type)) for f in self.schema])
         return match.of(sorted(written - set(match.listed)), schema)

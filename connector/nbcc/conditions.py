@@ -269,7 +269,7 @@ def parse_assignment(text: str) -> tuple[str, str | None]:
 def typed_value(column: str, text: str | None, schema: pa.Schema) -> tuple[str, pa.Scalar]:
     """`parse_assignment`'s column (as `schema` spells it, names in any letter case as SQL's) and
     its value in the column's type; a column not in `schema` is left for the caller to report."""
-    column = {n.lower(): n for n in schema.names}.get(column.lower(), column)
+    column = with_column_as_spelled((column,), schema)[0]
     if column not in schema.names:
         return column, pa.scalar(text)
     t = schema.field(column).type

@@ -9,7 +9,7 @@ path is "" (files live in the table root).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 from urllib.parse import quote, unquote
 
 import numpy as np
@@ -168,6 +168,10 @@ class PartitionMatch:
     # The instants of the commits the listing saw completed. Not a completion time: a commit's
     # completed file may land after a listing that saw a later completion (clock.py's lease).
     seen: frozenset[str]
+
+    def unseen(self, completed: Sequence[Any]) -> list[Any]:
+        """The instants of `completed` that the listing did not see."""
+        return [i for i in completed if i.instant not in self.seen]
 
     def of(self, paths: Sequence[str], schema: pa.Schema) -> list[str]:
         """Those of `paths` that match the condition."""

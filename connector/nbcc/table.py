@@ -454,16 +454,15 @@ class Table:
         if not self.config.partition_by:
             raise InvalidOptionError(f"the table has no partition columns, so {consequence}")
 
-    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str] | PartitionMatch,
-                         condition: str | None = None) -> str:
+    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str] = (),
+                         match: PartitionMatch | None = None, condition: str | None = None) -> str:
         """Begin and complete a partition deletion: one commit, no files (format.md §8), of the
-        `partitions` named, or matched by a filter; `condition`: that filter, as recorded in the
-        commit metadata."""
+        `partitions` named, or those a filter's `match` found; `condition`: that filter, as
+        recorded in the commit metadata."""
         txn.begin()
-        match = partitions if isinstance(partitions, PartitionMatch) else None
         try:
             txn.commit([], {"condition": condition} if condition is not None else None,
-                       partitions=() if match else partitions, match=match)
+                       partitions=partitions, match=match)
         except BaseException as failure:
             if not isinstance(failure, LockTimeoutError):
                 txn.rollback_or_log(failure)
@@ -475,9 +474,7 @@ class Table:
         with `filter` (as `read`'s, on partition columns only), those whose values match it. An
         unpartitioned table has none."""
         if filter is None:
-            if not self.config.partition_by:
-                return []
-            return sorted({partition for partition, _ in slices_by_group(self.storage, self._view(None))})
+            return _partition_paths(self.storage, self._view(None)) if self.config.partition_by else []
         return list(self.match_partitions(filter).listed)
 
     def match_partitions(self, filter: Any) -> PartitionMatch:
@@ -485,9 +482,9 @@ class Table:
         to add those that commits completing meanwhile create (`WriteTransaction.commit`)."""
         self._check_partitioned(_NOTHING_TO_DELETE)
         view = self._view(None)
-        paths = sorted({partition for partition, _ in slices_by_group(self.storage, view)})
         expression = self.partition_condition(filter, view.schema)
-        return PartitionMatch(tuple(matching(paths, expression, self.config.partition_by, view.schema)), expression,
+        paths = matching(_partition_paths(self.storage, view), expression, self.config.partition_by, view.schema)
+        return PartitionMatch(tuple(paths), expression,
                               self.config.partition_by, frozenset(i.instant for i in view.completed))
 
     def delete_partitions(self, filter: Any, *, user_metadata: str | None = None) -> str | None:
@@ -508,7 +505,7 @@ class Table:
         current = self.schema()
         txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION,
                                  user_metadata=user_metadata)
-        return self._commit_deletion(txn, matched, describe(filter))
+        return self._commit_deletion(txn, match=matched, condition=describe(filter))
 
     # -- table services ----------------------------------------------------------------------
 
@@ -720,9 +717,8 @@ class Table:
         reads; a concurrent write to them is ordered against the update as any two writes are
         (by ordering value, then by instant: README, merge modes), so one that this read did not
         see may be overwritten. Reads one file group at a time. `user_metadata`: as `write`'s."""
-        schema = self.schema()
-        exprs = check_updates(updates, schema, self.config)  # before anything is read
-        plan = self.plan(filter=filter)
+        plan = self.plan(filter=filter)  # lists no data file yet
+        exprs = check_updates(updates, plan.schema, self.config)  # before anything is read
         groups = (apply_updates(rows, exprs, self.config) for rows in (read_task(self.storage, plan, task) for task in plan.tasks)
                   if rows.num_rows)
         first = next(groups, None)
@@ -846,3 +842,8 @@ def _as_batches(data: Data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
         yield first
         yield from batches
     return first.schema, chain()
+
+
+def _partition_paths(storage: Storage, view: TableView) -> list[str]:
+    """The partitions with files in `view` (folder paths), sorted."""
+    return sorted({partition for partition, _ in slices_by_group(storage, view)})

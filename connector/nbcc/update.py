@@ -69,12 +69,12 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
             value = Decimal(repr(value))  # as written, so that the cast refuses digits it would round away
         try:
             scalar = value if isinstance(value, pa.Scalar) else pa.scalar(value)
+            given_type = scalar.type
             scalar = scalar.cast(t) if not scalar.type.equals(t) else scalar
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError,
                 OverflowError) as exc:
             raise InvalidOptionError(f"update of column {column!r}: {given!r} is not a value of its type {t} "
                                      f"({str(exc).splitlines()[0]})") from None
-        given_type = value.type if isinstance(value, pa.Scalar) else pa.scalar(value).type
         if pa.types.is_timestamp(t) and pa.types.is_timestamp(given_type) and (t.tz is None) != (given_type.tz is None):
             # As a write refuses it: a time with a zone is an instant, one without a wall-clock reading.
             raise InvalidOptionError(

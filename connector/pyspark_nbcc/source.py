@@ -203,6 +203,14 @@ def _struct_fields_as(col: pa.ChunkedArray, target: pa.StructType) -> pa.Chunked
     return pa.chunked_array(chunks) if chunks else pa.chunked_array([], target)
 
 
+def loaded_columns(schema: StructType, options: ReadOptions, follows_table: bool) -> StructType | None:
+    """The table's columns as a query took them when its DataFrame was loaded (a cdc query's are
+    in `after`); None for a query given its columns with .schema(...)."""
+    if not follows_table:
+        return None
+    return schema["after"].dataType if options.is_cdc else schema
+
+
 def widened_since_loaded(table_schema: pa.Schema, columns: StructType) -> list[str]:
     """The columns, of those a DataFrame took from the table when it was loaded, whose type a
     commit widened since (format.md §4.2), each as `name (old -> new)`. Read as the old type,
@@ -416,7 +424,7 @@ class NbccReader(DataSourceReader):
         self.max_partition_bytes = max_partition_bytes
         self.arrow_schema = to_arrow_schema(schema, timezone="UTC")
         # The query's columns are those Spark took from the table at load (no .schema(...)).
-        self.columns = (schema["after"].dataType if options.is_cdc else schema) if follows_table else None
+        self.columns = loaded_columns(schema, options, follows_table)
 
     def partitions(self) -> list[InputPartition]:
         table = Table.open(self.uri, self.storage_options)

@@ -83,7 +83,7 @@ from nbcc.timeline import INFLIGHT, REPLACE_COMMIT, REQUESTED
 from nbcc.writer import LogWriter, coalesced, prepare
 
 from .source import (NbccReader, TaskPartition, _check_given_schema, _spark_schema, _table_uri, open_for_write,
-                     widened_since_loaded)
+                     loaded_columns, widened_since_loaded)
 
 log = logging.getLogger(__name__)
 
@@ -406,8 +406,7 @@ class NbccStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         o = self.options
         plan = plan_range(table.storage, table.config, begin, until, o.include_meta_columns, o.use_metadata_table,
                           o.incremental_format)
-        # (follows_table: the query's columns are the table's; a cdc query's are in before/after)
-        columns = (self.schema["after"].dataType if o.is_cdc else self.schema) if self.follows_table else None
+        columns = loaded_columns(self.schema, o, self.follows_table)
         added = [n for n in plan.schema.names if n not in columns.fieldNames()] if columns else []
         widened = widened_since_loaded(plan.schema, columns) if columns else []
         if added or widened:
