@@ -194,6 +194,13 @@ def test_operation_delete_partition_deletes_the_partitions_of_the_rows_and_needs
     uri, _ = local_table
     df = spark.createDataFrame([(i, f"a-{i}", f"d{i % 3}") for i in range(9)], "id long, v string, day string")
     df.write.format("nbcc").mode("append").option("record_key", "id").option("partition_by", "day").save(uri)
+    version = json.loads((Path(uri) / ".nbcc" / "table.json").read_text())["format_version"]
+    # No rows name no partition: nothing is committed, and older nbcc may still read the table.
+    spark.createDataFrame([], "day string").write.format("nbcc").mode("append") \
+        .option("operation", "delete_partition").save(uri)
+    assert [i.action for i in nbcc.Table.open(uri).timeline()] == ["deltacommit"]
+    assert not list((Path(uri) / ".nbcc" / "timeline").glob("*replacepartitions*"))
+    assert json.loads((Path(uri) / ".nbcc" / "table.json").read_text())["format_version"] == version < 3
     # The README's form: only the partition column, several tasks, a value named twice and one with no rows.
     days = spark.createDataFrame([("d0",), ("d1",), ("d0",), ("d9",)], "day string").repartition(3)
     days.write.format("nbcc").mode("append").option("operation", "DELETE_PARTITION").save(uri)

@@ -405,7 +405,7 @@ class Table:
             txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite", replace_where=replace_where,
                                      user_metadata=user_metadata)
             found = partitions_named(pieces, self.config, txn.schema)  # every bad row, before the instant begins
-            return compact_if_due(self._commit_deletion(txn, found)) if found else None
+            return compact_if_due(self.commit_deletion(txn, found)) if found else None
         replace = self.replace_filter(replace_where) if replace_where is not None else None
 
         def check_all(table_schema: pa.Schema) -> None:
@@ -454,11 +454,12 @@ class Table:
         if not self.config.partition_by:
             raise InvalidOptionError(f"the table has no partition columns, so {consequence}")
 
-    def _commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str] = (),
+    def commit_deletion(self, txn: WriteTransaction, partitions: Iterable[str] = (),
                          match: PartitionMatch | None = None, condition: str | None = None) -> str:
-        """Begin and complete a partition deletion: one commit, no files (format.md §8), of the
-        `partitions` named, or those a filter's `match` found; `condition`: that filter, as
-        recorded in the commit metadata."""
+        """Begin and complete a partition deletion prepared by `prepare_write`: one commit, no
+        files (format.md §8), of the `partitions` named, or those a filter's `match` found;
+        `condition`: that filter, as recorded in the commit metadata. Its instant begins only
+        here: it writes no file, so it needs none before."""
         txn.begin()
         try:
             txn.commit([], {"condition": condition} if condition is not None else None,
@@ -505,7 +506,7 @@ class Table:
         current = self.schema()
         txn = self.prepare_write(pa.schema([current.field(c) for c in self.config.partition_by]), DELETE_PARTITION,
                                  user_metadata=user_metadata)
-        return self._commit_deletion(txn, match=matched, condition=describe(filter))
+        return self.commit_deletion(txn, match=matched, condition=describe(filter))
 
     # -- table services ----------------------------------------------------------------------
 

@@ -315,7 +315,10 @@ class DefaultSource(DataSource):
         table, arrow_schema, operation, max_bytes, trigger = open_for_write(
             uri, options, storage_options, schema, overwrite)
         replace = table.replace_filter(replace_where) if replace_where is not None else None
-        txn = table.begin_write(arrow_schema, operation, overwrite=overwrite,
+        # A partition deletion writes no file: its instant begins at commit, once its rows have
+        # named partitions (none named: nothing is committed, the format version stays).
+        start = table.prepare_write if operation == DELETE_PARTITION else table.begin_write
+        txn = start(arrow_schema, operation, overwrite=overwrite,
                                 partition_overwrite_mode=partition_overwrite_mode, replace_where=replace,
                                 user_metadata=user_metadata, type_widening=type_widening)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger, replace)
@@ -569,6 +572,9 @@ class NbccWriter(DataSourceArrowWriter):
 
     def commit(self, messages: list[NbccCommitMessage | None]) -> None:
         partitions = [p for m in messages if m is not None for p in m.partitions]
+        if self.txn.operation == DELETE_PARTITION:
+            self._commit_deletion(sorted(set(partitions)))
+            return
         extra, match = None, None
         if self.replace_where is not None:  # the partitions that match it as of its completion (format.md §8)
             match = Table(self.storage, self.config).match_partitions(self.replace_where.filter)
@@ -579,6 +585,18 @@ class NbccWriter(DataSourceArrowWriter):
         maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
                       f"the Spark write's commit {self.txn.instant}", log)
 
+    def _commit_deletion(self, partitions: list[str]) -> None:
+        if not partitions:
+            log.info("operation=delete_partition: the DataFrame has no rows, so it names no partition; "
+                     "nothing was deleted or committed")
+            return
+        instant = Table(self.storage, self.config).commit_deletion(self.txn, partitions)
+        every, inline = self.compaction_trigger
+        maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
+                      f"the Spark partition deletion {instant}", log)
+
     def abort(self, messages: list[NbccCommitMessage | None]) -> None:
+        if not self.txn.instant:  # a partition deletion, which begins at commit: nothing to undo
+            return
         files = [f for m in messages if m is not None for f in m.files]
         self.txn.rollback(files, reason="the Spark job failed and aborted the write")
