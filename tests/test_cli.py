@@ -771,6 +771,32 @@ def test_update_counts_first_with_dry_run_then_sets_the_values_of_the_matching_r
     assert table.timeline() == timeline
 
 
+def test_columns_whose_names_hold_spaces_are_named_in_backticks(local_table, capsys):
+    # Names from a CSV header: `--where`, `--set` and replaceWhere take them as Spark SQL quotes them.
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("order day", pa.string()), ("unit price", pa.int64())])
+    table = nbcc.Table.create(uri, schema, "id", partition_by="order day", buckets=2)
+    table.write(pa.table({"id": [0, 1, 2], "order day": ["d1", "d2", "d2"], "unit price": [5, 6, 7]}, schema=schema))
+    code, out, err = run(capsys, "update", uri, "--set", "`unit price`=9", "--where", "`order day` = d2",
+                         "--where", "`unit price` > 6")
+    assert code == 0 and err == "" and "updated 1 record of" in out
+    assert [r["unit price"] for r in snapshot(table)] == [5, 6, 9]
+    code, out, err = run(capsys, "history", uri, "--limit", "1")
+    assert "condition=`order day` = 'd2' AND `unit price` > 6; updates=`unit price` = 9" in out, out
+    code, out, err = run(capsys, "delete", uri, "--where", "`unit price` in 5, 6")
+    assert code == 0 and [r["id"] for r in snapshot(table)] == [2]
+    table.write(pa.table({"id": [3], "order day": ["d3"], "unit price": [1]}, schema=schema), mode="overwrite",
+                replace_where="`order day` >= 'd2'")
+    assert [(r["id"], r["order day"]) for r in snapshot(table)] == [(3, "d3")]
+    code, out, err = run(capsys, "delete-partitions", uri, "--where", "`order day` = d3")
+    assert code == 0 and snapshot(table) == []
+    # Without backticks the name is not one column: refused, nothing written.
+    timeline = table.timeline()
+    code, out, err = run(capsys, "delete", uri, "--where", "unit price = 5")
+    assert code == 2 and "in backticks: `order date`" in err
+    assert table.timeline() == timeline
+
+
 def test_delete_partitions_lists_first_with_dry_run_then_deletes_with_one_commit(local_table, capsys):
     uri, _ = local_table
     table, _ = make_table(uri, commits=2)

@@ -115,13 +115,18 @@ def test_nothing_matching_writes_nothing_and_bad_filters_are_refused(local_table
     ("a in (1, 2)", ("a", "in", ["1", "2"])),
     ("s not in x, 'a,b', \"c \"\"d\"\"\"", ("s", "not_in", ["x", "a,b", 'c "d"'])),
     ("x is NOT null", ("x", "is_not_null")),
+    # Column names as Spark SQL quotes them: in backticks, `` inside for one.
+    ("`order date` < 2026-09-01", ("order date", "<", "2026-09-01")),
+    ("`a=b`=1", ("a=b", "=", "1")),
+    ("`it``s` in x, y", ("it`s", "in", ["x", "y"])),
+    ("`my col` IS NULL", ("my col", "is_null")),
 ])
 def test_command_line_conditions_are_read_as_sql_reads_them(text, expected):
     assert parse_condition(text) == expected
 
 
 @pytest.mark.parametrize("text", ["s >= ", "s<=", "s = ", "s = a and b = 2", "s = 'a", "s = a,b", "s in ()",
-                                  "s in 'a' b", "day"])
+                                  "s in 'a' b", "day", "order date = 1", "`order date = 1", "a`b = 1"])
 def test_command_line_conditions_that_would_mean_something_else_are_refused(text):
     with pytest.raises(nbcc.InvalidOptionError):
         parse_condition(text)

@@ -606,6 +606,8 @@ def test_replace_where_goes_with_overwrite_and_a_partitioned_table_only(tmp_path
     ("(kind != 'by date') and `p` NOT IN ('date', 'it''s')", [("kind", "!=", "by date"), ("p", "not_in", ["date", "it's"])]),
     ("p <> 'q between a and b'", [("p", "!=", "q between a and b")]),
     ("d IS NULL AND\n flag = TRUE", [("d", "is_null"), ("flag", "=", "TRUE")]),
+    ("`order date` >= '2026-11-01' AND `it's ``x``` IN ('a')", [("order date", ">=", "2026-11-01"),
+                                                             ("it's `x`", "in", ["a"])]),
 ])
 def test_replace_where_text_is_read_as_sql_reads_it(text, expected):
     assert parse_predicate(text) == expected

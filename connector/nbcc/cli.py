@@ -422,7 +422,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 _CONDITION_HELP = ("'COL OP VALUE' (OP: = == != <> < <= > >=), 'COL in V1,V2', 'COL not in V1,V2' or 'COL is "
-                   "[not] null' (COL in any letter case); values in the column's type (dates 2026-11-20, timestamps 2026-11-20T10:00:00Z, "
+                   "[not] null' (COL in any letter case, in backticks if it holds spaces: `order day`); values in the column's type (dates 2026-11-20, timestamps 2026-11-20T10:00:00Z, "
                    "UTC without a zone; true/false), quoted if they hold commas or quotes; as in SQL, a null "
                    "matches only 'is null'")
 

@@ -25,6 +25,15 @@ _CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != <> < <= > >=), COLUMN in
                     "or COLUMN is [not] null")
 
 
+# A column name: bare, or in backticks as Spark SQL quotes one (`order date`; `` inside is one `).
+_QUOTED_NAME = r"`(?:[^`]|``)+`"
+_NAME = rf"({_QUOTED_NAME}|[^\s`]+?)"
+
+
+def _unquoted_name(name: str) -> str:
+    return name[1:-1].replace("``", "`") if len(name) > 1 and name[0] == name[-1] == "`" else name
+
+
 # One value of a list: quoted ('' or "" inside doubles the quote, as in SQL) or bare.
 _ITEM = re.compile(r"""\s*(?:'((?:[^']|'')*)'|"((?:[^"]|"")*)"|([^,'"]*?))\s*(,|$)""")
 
@@ -61,23 +70,32 @@ def _values(text: str, single: bool = False, refuse_null: bool = False) -> list[
 
 def parse_condition(text: str, refuse_null: bool = True) -> tuple[Any, ...]:
     """A condition as the command line takes it (`day < 2026-09-01`, `region in 'eu west',us`,
-    `day is null`): a filter tuple whose values are still text. An unquoted NULL value is
-    refused (`refuse_null`; replaceWhere's parser, which masks quoted literals, says so itself)."""
-    m = re.fullmatch(r"\s*(\S+?)\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
+    `day is null`, `` `order date` = 2026-11-01 ``): a filter tuple whose values are still
+    text. An unquoted NULL value is refused (`refuse_null`; replaceWhere's parser, which masks
+    quoted literals, says so itself)."""
+    column, *rest = _parse_condition(text, refuse_null)
+    return (_unquoted_name(column), *rest)
+
+
+def _parse_condition(text: str, refuse_null: bool) -> tuple[Any, ...]:
+    """`parse_condition`, its column name as written (quoted or not)."""
+    m = re.fullmatch(rf"\s*{_NAME}\s+is\s+(not\s+)?null\s*", text, re.IGNORECASE)
     if m:
         return (m[1], "is_not_null" if m[2] else "is_null")
-    m = re.fullmatch(r"\s*(\S+?)\s+(not\s+in|in)\s*(\S.*?)\s*", text, re.IGNORECASE)
+    m = re.fullmatch(rf"\s*{_NAME}\s+(not\s+in|in)\s*(\S.*?)\s*", text, re.IGNORECASE)
     if m:
         return (m[1], "in" if m[2].lower() == "in" else "not_in", _values(m[3], refuse_null=refuse_null))
     # An operator not followed by another operator character: `s >= ` is not `s > '='`.
-    m = re.fullmatch(r"\s*([^\s<>=!]+)\s*(<=|>=|!=|<>|==|=|<|>)(?![<>=!])\s*(\S.*?)\s*", text)
+    m = re.fullmatch(rf"\s*({_QUOTED_NAME}|[^\s<>=!`]+)\s*(<=|>=|!=|<>|==|=|<|>)(?![<>=!])\s*(\S.*?)\s*", text)
     if m:
         return (m[1], {"<>": "!="}.get(m[2], OPERATOR_ALIASES.get(m[2], m[2])),
                 _values(m[3], single=True, refuse_null=refuse_null)[0])
-    raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01'")
+    raise InvalidOptionError(f"{text!r}: give {_CONDITION_FORMS}, e.g. 'day < 2026-09-01' (a column name "
+                             "holding spaces or operators in backticks: `order date`)")
 
 
-_LITERAL = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*\"""")
+# Quoted literals, and column names in backticks (masked alike: a quote inside one is no literal).
+_LITERAL = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|`(?:[^`]|``)*`""")
 _HOLE = re.compile(r"\x00(\d+)\x00")
 _SQL_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
@@ -136,7 +154,7 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
 
     # Keywords are looked for only outside quoted literals: 'by date' is no DATE literal.
     body = _LITERAL.sub(hole, text.strip())
-    if "'" in body or '"' in body:
+    if "'" in body or '"' in body or "`" in body:
         raise InvalidOptionError(f"{text!r} has an unbalanced quote")
     typed_literals: dict[int, type] = {}  # literal -> its SQL type, for those given one
 
@@ -146,7 +164,7 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
 
     def value(masked: str) -> str:
         """A value of the masked text: its literal unquoted (and typed), or a number or boolean."""
-        if m := _HOLE.fullmatch(masked):
+        if (m := _HOLE.fullmatch(masked)) and not literals[int(m[1])].startswith("`"):
             quoted = literals[int(m[1])]
             kind = typed_literals.get(int(m[1]), str)
             return kind(quoted[1:-1].replace(quoted[0] * 2, quoted[0]))
@@ -170,18 +188,20 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
             raise InvalidOptionError(f"{unmasked(part)!r}: NOT is not supported here (NOT IN and != are); give "
                                      "conditions joined by AND")
         try:
-            column, *rest = parse_condition(part, refuse_null=False)  # literals still masked: which were quoted
+            column, *rest = _parse_condition(part, refuse_null=False)  # literals still masked: which were quoted
         except InvalidOptionError:
             raise InvalidOptionError(
                 f"{unmasked(part)!r} is not a condition it can read (COLUMN OP 'literal', COLUMN [NOT] IN ('a', "
                 "'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL; OR, LIKE and functions are not "
                 "supported)") from None
-        if not re.fullmatch(r"`[^`]+`|[A-Za-z_][A-Za-z0-9_]*", column):
-            raise InvalidOptionError(f"{unmasked(column)!r} is not a column name: functions and expressions are "
-                                     "not supported, only a partition column")
+        column = unmasked(column)
+        if not re.fullmatch(rf"{_QUOTED_NAME}|[A-Za-z_][A-Za-z0-9_]*", column):
+            raise InvalidOptionError(f"{column!r} is not a column name: functions and expressions are "
+                                     "not supported, only a partition column (in backticks if its name holds "
+                                     "spaces: `order date`)")
         if len(rest) == 2:
             rest[1] = [value(v) for v in rest[1]] if isinstance(rest[1], list) else value(rest[1])
-        conditions.append((column.strip("`"), *rest))
+        conditions.append((_unquoted_name(column), *rest))
     return conditions
 
 
@@ -251,19 +271,20 @@ def _cast_texts(texts: list[str], t: pa.DataType) -> pa.Array:
 
 
 def parse_assignment(text: str) -> tuple[str, str | None]:
-    """`COLUMN=VALUE` as the command line's `nbcc update --set` takes it: the column and the
-    value's text, unquoted ('it''s' and "a, b" as in a condition), or None for an unquoted NULL."""
-    column, sep, value = text.partition("=")
-    value = value.strip()
-    if not sep or not column.strip() or not value:
-        raise InvalidOptionError(f"{text!r}: give COLUMN=VALUE, e.g. status=shipped, note='a, b', note=NULL "
-                                 "or note='' (the empty text)")
+    """`COLUMN=VALUE` as the command line's `nbcc update --set` takes it: the column (in
+    backticks if its name holds spaces or =) and the value's text, unquoted ('it''s' and "a, b"
+    as in a condition), or None for an unquoted NULL."""
+    m = re.fullmatch(rf"\s*({_QUOTED_NAME}|[^=`]*?)\s*=(.*)", text, re.DOTALL)
+    column, value = (_unquoted_name(m[1]), m[2].strip()) if m else ("", "")
+    if not column.strip() or not value:
+        raise InvalidOptionError(f"{text!r}: give COLUMN=VALUE, e.g. status=shipped, note='a, b', note=NULL, "
+                                 "note='' (the empty text) or `order date`=2026-11-01")
     if value.lower() == "null":
-        return column.strip(), None
+        return column, None
     for quote in ("'", '"'):
         if len(value) >= 2 and value[0] == value[-1] == quote:
-            return column.strip(), value[1:-1].replace(quote * 2, quote)
-    return column.strip(), value
+            return column, value[1:-1].replace(quote * 2, quote)
+    return column, value
 
 
 def typed_value(column: str, text: str | None, schema: pa.Schema) -> tuple[str, pa.Scalar]:

@@ -24,6 +24,7 @@ import bisect
 import datetime as dt
 import functools
 import operator
+import re
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -291,7 +292,7 @@ def describe(spec: Any) -> str:
         if isinstance(item, pc.Expression):
             parts.append(" ".join(str(item).split()))
             continue
-        column, op = item[0], canonical_operator(item[1])
+        column, op = sql_name(item[0]), canonical_operator(item[1])
         value = item[2] if len(item) == 3 else None
         if op in COMPARISONS:
             parts.append(f"{column} {op} {sql_literal(value)}")
@@ -310,6 +311,11 @@ def describe(spec: Any) -> str:
 def cut_description(text: str) -> str:
     """`text` cut to the length a description in commit metadata may have."""
     return text if len(text) <= _DESCRIBED_CHARS else text[:_DESCRIBED_CHARS - 3] + "..."
+
+
+def sql_name(column: str) -> str:
+    """`column` as SQL (and nbcc's conditions) read it back: in backticks unless a plain name."""
+    return column if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", column) else "`" + column.replace("`", "``") + "`"
 
 
 def sql_literal(value: Any) -> str:

@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 
 from .config import COMMIT_TIME, PARTIAL_UPDATE, TableConfig
 from .errors import InvalidOptionError
-from .expr import cut_description, sql_literal
+from .expr import cut_description, sql_literal, sql_name
 from .schema import is_reserved
 
 _EXAMPLE = "e.g. {'status': 'shipped', 'price': pc.field('price') * 1.1}"
@@ -125,4 +125,4 @@ def describe_updates(updates: Mapping[str, pa.Scalar | pc.Expression]) -> str:
         if isinstance(value, pc.Expression):
             return " ".join(str(value).split())
         return sql_literal(value.as_py() if isinstance(value, pa.Scalar) else value)
-    return cut_description(", ".join(f"{column} = {text(value)}" for column, value in updates.items()))
+    return cut_description(", ".join(f"{sql_name(column)} = {text(value)}" for column, value in updates.items()))
