@@ -64,8 +64,8 @@ def data_files(root: str) -> set[str]:
     return out
 
 
-def snapshot(table: nbcc.Table) -> list[dict]:
-    return sorted(table.read().to_pylist(), key=lambda r: r["id"])
+def snapshot(table: nbcc.Table, **read) -> list[dict]:
+    return sorted(table.read(**read).to_pylist(), key=lambda r: r["id"])
 
 
 def completion_of(table: nbcc.Table, instant: str) -> str:
@@ -795,6 +795,36 @@ def test_columns_whose_names_hold_spaces_are_named_in_backticks(local_table, cap
     code, out, err = run(capsys, "delete", uri, "--where", "unit price = 5")
     assert code == 2 and "in backticks: `order date`" in err
     assert table.timeline() == timeline
+
+
+def test_savepoint_keeps_a_state_through_cleans_until_delete_savepoint(local_table, capsys):
+    uri, _ = local_table
+    table, written = make_table(uri, commits=2)
+    kept = completion_of(table, written[-1])
+    expected = snapshot(table)
+    code, out, err = run(capsys, "savepoint", uri, "--user-metadata", "month end")
+    assert (code, err) == (0, "") and out.startswith(f"savepoint {kept}: ") and f"delete-savepoint {uri} {kept}" in out
+    code, out, err = run(capsys, "savepoint", uri, "--as-of", written[0])  # before the first completion
+    assert code == 1 and "no commit had completed by then" in err
+    for v in range(2, 5):
+        table.write(batch(range(8), v))
+    table.compact()
+    table.write(batch(range(8), 5))
+    run(capsys, "clean", uri, "--retain-commits", "1")
+    assert snapshot(table, as_of=kept) == expected
+    code, out, err = run(capsys, "savepoints", uri)
+    assert code == 0 and rows_of(out)[0][0] == kept and rows_of(out)[0][-2:] == ["month", "end"]
+    code, out, err = run(capsys, "savepoints", uri, "--json")
+    assert [(s["as_of"], s["user_metadata"]) for s in json.loads(out)] == [(kept, "month end")]
+    code, out, err = run(capsys, "describe", uri)
+    assert f"savepoints           {kept}" in out
+    code, out, err = run(capsys, "delete-savepoint", uri, kept)
+    assert code == 0 and f"deleted savepoint {kept}" in out
+    code, out, err = run(capsys, "delete-savepoint", uri, kept)
+    assert code == 1 and f"has no savepoint {kept}" in err
+    run(capsys, "clean", uri, "--retain-commits", "1")
+    code, out, err = run(capsys, "restore", uri, "--as-of", kept)
+    assert code == 1 and "before the oldest state that can be read" in err and "or a savepoint's" in err
 
 
 def test_delete_partitions_lists_first_with_dry_run_then_deletes_with_one_commit(local_table, capsys):

@@ -315,10 +315,11 @@ def test_a_damaged_table_json_names_the_table_and_the_problem(table):
             nbcc.Table.open(table.uri)
 
 
-@pytest.mark.parametrize("version", [5, 0, "2"])
+@pytest.mark.parametrize("version", [6, 0, "2"])
 def test_a_table_of_another_format_version_is_refused_and_the_message_says_so(table, version):
     # format.md §3: `format_version` is 1 (2 once a dynamic partition overwrite began, 3 once a
-    # partition deletion did, 4 once a type widening did), and a reader MUST refuse any other value.
+    # partition deletion did, 4 once a type widening did, 5 once a savepoint was made), and a
+    # reader MUST refuse any other value.
     config = Path(table.uri, ".nbcc", "table.json")
     doc = json.loads(config.read_text())
     assert doc["format_version"] == 1
@@ -328,7 +329,7 @@ def test_a_table_of_another_format_version_is_refused_and_the_message_says_so(ta
         nbcc.Table.open(table.uri)
     message = str(err.value)
     assert f"format version {version} is not supported" in message, message
-    assert "supports 1 to 4" in message and table.uri in message, message
+    assert "supports 1 to 5" in message and table.uri in message, message
     config.write_text(json.dumps(doc, indent=2))
     _unchanged(nbcc.Table.open(table.uri), before_files, before_rows)
 

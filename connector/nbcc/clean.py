@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from .clock import TimeGenerator, format_time
 from .errors import CommitError, InvalidOptionError
@@ -45,6 +45,7 @@ from .timeline import (
     earliest_retained,
     is_completed,
     read_compaction_plan,
+    savepoint_times,
 )
 from .view import slices_by_group, table_view
 
@@ -57,18 +58,28 @@ class CleanPlan:
     earliest_retained: str | None
     delete: list[tuple[str, str]] = field(default_factory=list)  # (partition, file name)
     rolled_back: list[str] = field(default_factory=list)
+    savepoints: list[str] = field(default_factory=list)  # the savepoints it kept (listed before planning)
 
 
-def needed_files(storage: Storage, config: TableConfig, timeline: Timeline, since: str) -> set[tuple[str, str]]:
-    """Every (partition, file) a read as of any time >= `since` may open."""
+def files_of_state(storage: Storage, config: TableConfig, timeline: Timeline, when: str) -> set[tuple[str, str]]:
+    """Every (partition, file) a snapshot or read-optimized read as of `when` opens."""
+    view = table_view(storage, config, timeline, when)
+    needed: set[tuple[str, str]] = set()
+    for (partition, _), slices in slices_by_group(storage, view).items():
+        for read_optimized in (False, True):
+            needed.update((partition, name) for name in files_to_merge(slices, read_optimized,
+                                                                         view.pending_compactions) or ())
+    return needed
+
+
+def needed_files(storage: Storage, config: TableConfig, timeline: Timeline, since: str,
+                 savepoints: Iterable[str] = ()) -> set[tuple[str, str]]:
+    """Every (partition, file) a read as of any time >= `since`, or as of a savepoint's state
+    (`savepoints`), may open."""
     points = [since] + [i.completion for i in timeline.completed() if i.completion > since]
     needed: set[tuple[str, str]] = set()
-    for point in points:
-        view = table_view(storage, config, timeline, point)
-        for (partition, _), slices in slices_by_group(storage, view).items():
-            for read_optimized in (False, True):
-                for name in files_to_merge(slices, read_optimized, view.pending_compactions) or ():
-                    needed.add((partition, name))
+    for point in points + [s for s in savepoints if s < since]:
+        needed |= files_of_state(storage, config, timeline, point)
     for inst in timeline.pending():  # inputs of pending compactions (Hudi #19290)
         if inst.action == "compaction":
             for op in read_compaction_plan(storage, inst.instant)["operations"]:
@@ -118,6 +129,9 @@ def window_start(data_commits: list[Instant], retain_commits: int | None, retain
 def plan_clean(storage: Storage, config: TableConfig, retain_commits: int | None = DEFAULT_RETAIN_COMMITS,
                timeline: Timeline | None = None, retain_hours: float | None = None,
                now_ms: int | None = None) -> CleanPlan:
+    # A savepoint made after this listing is found by the run that deletes (kept_by_new_savepoints),
+    # or finds this clean's plan itself (format.md §14.6).
+    savepoints = savepoint_times(storage)
     timeline = timeline or Timeline.load(storage)
     data_commits = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
     view = table_view(storage, config, timeline, None)
@@ -129,7 +143,7 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int | None
     since = window_start(data_commits, retain_commits, retain_hours, _now_ms() if now_ms is None else now_ms)
     doomed: set[tuple[str, str]] = set()
     if since is not None:
-        doomed = listed - needed_files(storage, config, timeline, since)
+        doomed = listed - needed_files(storage, config, timeline, since, savepoints)
     # Orphans (whatever the window): files on storage that no commit lists, of instants that
     # completed or were rolled back (failed task attempts, compaction runs that lost or crashed).
     states = {i.instant: i for i in timeline.instants}
@@ -142,7 +156,20 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int | None
             inst = states.get(instant)
             if inst is not None and inst.state in ("completed", "rolledback") and (part, name) not in listed:
                 doomed.add((part, name))
-    return CleanPlan(since, sorted(doomed))
+    return CleanPlan(since, sorted(doomed), savepoints=savepoints)
+
+
+def kept_by_new_savepoints(storage: Storage, config: TableConfig, planned_with: Iterable[str],
+                           window: str | None) -> set[tuple[str, str]]:
+    """The files a clean that planned with the savepoints `planned_with` must not delete after
+    all: those of savepoints made since, of states before its `window`. Every run that deletes a
+    clean's files asks just before it deletes (format.md §14.6)."""
+    known = set(planned_with)
+    new = [s for s in savepoint_times(storage) if s not in known and window is not None and s < window]
+    if not new:
+        return set()
+    timeline = Timeline.load(storage)
+    return set().union(*(files_of_state(storage, config, timeline, s) for s in new))
 
 
 def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
@@ -163,7 +190,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]
     else:
         rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
-        _finish_pending_cleans(storage, clock)
+        _finish_pending_cleans(storage, config, clock)
     timeline = Timeline.load(storage)
     plan = plan_clean(storage, config, retain_commits, timeline, retain_hours)
     # The window never moves back: an earlier clean with fewer retained commits deleted what
@@ -179,13 +206,18 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         _index_in_step(storage)
         return {**result, "retain_commits_start": plan.earliest_retained}  # nothing new: no clean instant
     instant = clock.new_instant()
-    body = {"instant": instant, "earliest_retained": window, "delete": [list(d) for d in plan.delete]}
+    body = {"instant": instant, "earliest_retained": window, "delete": [list(d) for d in plan.delete],
+            "savepoints": plan.savepoints}
     storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}", json.dumps(body).encode())
-    for n, (part, name) in enumerate(plan.delete, 1):
+    kept = kept_by_new_savepoints(storage, config, plan.savepoints, window)  # after the put (§14.6)
+    delete = [d for d in plan.delete if d not in kept]
+    for n, (part, name) in enumerate(delete, 1):
         storage.delete(data_file_path(part, name))
         if progress is not None:
-            progress(n, len(plan.delete))
-    result.update(instant=instant, deleted=[list(d) for d in plan.delete])
+            progress(n, len(delete))
+    spared = [list(d) for d in plan.delete if d in kept]
+    result.update(instant=instant, deleted=[list(d) for d in delete], savepoints=plan.savepoints,
+                  **({"kept": spared} if spared else {}))
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
     _index_in_step(storage)
@@ -231,8 +263,9 @@ def _remove_stale_heartbeats(storage: Storage) -> None:
             storage.delete(f"{HEARTBEAT_DIR}/{name}")
 
 
-def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
-    """Complete cleans that a crash left requested (their deletes are idempotent)."""
+def _finish_pending_cleans(storage: Storage, config: TableConfig, clock: TimeGenerator) -> None:
+    """Complete cleans that a crash left requested (their deletes are idempotent), keeping the
+    files of savepoints their plans did not know."""
     for inst in Timeline.load(storage).pending():
         if inst.action != CLEAN:
             continue
@@ -240,9 +273,14 @@ def _finish_pending_cleans(storage: Storage, clock: TimeGenerator) -> None:
             body = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))
         except FileNotFoundError:
             continue
-        for part, name in body["delete"]:
+        planned_with = body.get("savepoints", [])
+        kept = kept_by_new_savepoints(storage, config, planned_with, body["earliest_retained"])
+        delete = [d for d in body["delete"] if tuple(d) not in kept]
+        spared = [d for d in body["delete"] if tuple(d) in kept]
+        for part, name in delete:
             storage.delete(data_file_path(part, name))
         result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": body["earliest_retained"],
-                  "deleted": body["delete"], "rolled_back": [], "files": []}
+                  "deleted": delete, "rolled_back": [], "files": [], "savepoints": planned_with,
+                  **({"kept": spared} if spared else {})}
         _complete_clean(storage, clock, inst.instant, result)
         _index_in_step(storage)

@@ -192,6 +192,7 @@ def cmd_describe(args: argparse.Namespace) -> int:
         ["latest data commit", f"{latest['instant']} {latest['action']}, completed {latest['completion']}" if latest else "-"],
         ["pending compactions", ", ".join(d["pending_compactions"]) or "-"],
         ["oldest as_of", d["oldest_as_of"] or "- (no commit yet)"],
+        ["savepoints", ", ".join(d["savepoints"]) or "-"],
         ["earliest begin", _earliest_begin(d["earliest_begin"])],
         ["snapshot read", f"{_n(fs['file_groups'], 'file group')}"
                           f"{' in ' + _n(fs['partitions'], 'partition') if d['partition_by'] else ''}: "
@@ -418,6 +419,35 @@ def cmd_restore(args: argparse.Namespace) -> int:
     print(f"restored {table.uri} as of {args.as_of}: {_n(rows, 'row')}, written by overwrite {instant} "
           f"(completed at {done.completion}). The commits in between stay readable with as_of until a "
           "clean passes them")
+    return 0
+
+
+def cmd_savepoint(args: argparse.Namespace) -> int:
+    table = _open(args)
+    state = table.savepoint(args.as_of, user_metadata=args.user_metadata)
+    print(f"savepoint {state}: the state as of {state} stays readable (as_of, restore) whatever the "
+          f"cleaner's window, until `{PROG} delete-savepoint {table.uri} {state}`")
+    return 0
+
+
+def cmd_savepoints(args: argparse.Namespace) -> int:
+    kept = _open(args).savepoints()
+    if args.json:
+        _print_json(kept)
+        return 0
+    _print_table(["SAVEPOINT", "CREATED", "BY", "USER_METADATA"],
+                 [[k["as_of"], k["created"], "@".join(filter(None, (k.get("user"), k.get("host")))) or "-",
+                   k.get("user_metadata") or "-"] for k in kept])
+    return 0
+
+
+def cmd_delete_savepoint(args: argparse.Namespace) -> int:
+    table = _open(args)
+    if not table.delete_savepoint(args.savepoint):
+        print(f"{PROG}: error: {table.uri} has no savepoint {args.savepoint} (`{PROG} savepoints` lists them)",
+              file=sys.stderr)
+        return 1
+    print(f"deleted savepoint {args.savepoint}: a later clean may delete the files only it kept")
     return 0
 
 
@@ -728,6 +758,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--as-of", metavar="T", type=_time, required=True,
                    help="the time to restore (instant time or ISO-8601)")
     p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser("savepoint", parents=[common], help="keep a state readable whatever the cleaner's window",
+                       description="Keep the table's state as of a time (default: now) readable with as_of and "
+                                   "restore until the savepoint is deleted, whatever the cleaner's window "
+                                   "(Hudi's savepoints, Iceberg's tags): cleans keep its files. A state before "
+                                   "the cleaner's window is refused. Prints the savepoint's time.")
+    p.add_argument("--as-of", metavar="T", type=_time, help="the state to keep (instant time or ISO-8601); "
+                                                             "default: the latest")
+    p.add_argument("--user-metadata", metavar="TEXT", help="why it is kept (shown by savepoints)")
+    p.set_defaults(func=cmd_savepoint)
+
+    p = sub.add_parser("savepoints", parents=[common], help="list the savepoints",
+                       description="List the savepoints, oldest first: the savepoint's time (read it with as_of), "
+                                   "when it was made, by whom, and its user metadata.")
+    p.add_argument("--json", action="store_true", help="print a JSON list instead")
+    p.set_defaults(func=cmd_savepoints)
+
+    p = sub.add_parser("delete-savepoint", parents=[common], help="stop keeping a savepoint's state",
+                       description="Delete a savepoint: the next clean may delete the files only it kept, and "
+                                   "reads as of its time before the cleaner's window are refused again.")
+    p.add_argument("savepoint", metavar="SAVEPOINT", type=_time, help="the savepoint's time (nbcc savepoints)")
+    p.set_defaults(func=cmd_delete_savepoint)
 
     p = sub.add_parser("delete", parents=[common], help="delete the records that match (SQL's DELETE ... WHERE)",
                        description="Delete the records whose values match every --where (any columns), with one "

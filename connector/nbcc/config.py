@@ -32,7 +32,10 @@ PARTITION_DELETE_VERSION = 3
 # doubles lose digits silently, and its compaction would write them so. A table's first
 # widening write raises it.
 TYPE_WIDENING_VERSION = 4
-READ_FORMAT_VERSIONS = (1, 2, 3, 4)
+# Version 5 adds savepoints (format.md §14.6): states a clean must keep. A version-4 cleaner
+# would delete their files, so a table's first savepoint raises it.
+SAVEPOINT_VERSION = 5
+READ_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 TABLE_CONFIG_PATH = ".nbcc/table.json"
 
 EVENT_TIME, COMMIT_TIME, PARTIAL_UPDATE = "event_time", "commit_time", "partial_update"

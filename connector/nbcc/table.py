@@ -20,6 +20,7 @@ from .compaction import maybe_compact, run_compaction, schedule_compaction
 from .heartbeat import Heartbeat, interval_s
 from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
+from .savepoint import create_savepoint, delete_savepoint, list_savepoints
 from .config import (
     _bool_option,
     DEFAULT_BUCKETS,
@@ -74,6 +75,7 @@ from .timeline import (
     Instant,
     Timeline,
     earliest_retained,
+    savepoint_times,
 )
 from .view import TableView, check_readable, earliest_begin, oldest_readable, schema_as_of, slices_by_group, table_view
 from .writer import LogWriter, check_rows, check_rows_match, coalesced, partitions_named, prepare
@@ -549,6 +551,24 @@ class Table:
         return clean(self.storage, self.config, self.clock, retain_commits, heartbeat_timeout_s, progress,
                      retain_hours, dry_run)
 
+    def savepoint(self, as_of: Any = None, *, user_metadata: str | None = None) -> str:
+        """Keep the table's state as of `as_of` (None: now) readable, with `read(as_of=...)` and
+        `restore`, whatever the cleaner's window, until `delete_savepoint` (Hudi's savepoints,
+        Iceberg's tags). Returns the savepoint's time: the completion time of the last commit
+        that the state holds. Its files stay on storage meanwhile. Refused for a state before
+        the cleaner's window (its files may be gone). `user_metadata`: why it is kept."""
+        return create_savepoint(self.storage, self.config, self.clock, as_of, user_metadata)
+
+    def savepoints(self) -> list[dict[str, Any]]:
+        """The savepoints, oldest first: `as_of` (the savepoint's time), `created`, `host`,
+        `user`, and `user_metadata` if given."""
+        return list_savepoints(self.storage)
+
+    def delete_savepoint(self, as_of: Any) -> bool:
+        """Stop keeping the savepoint with time `as_of` (the next clean may delete files only
+        it kept); False if there is no such savepoint."""
+        return delete_savepoint(self.storage, as_of)
+
     def archive(self, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> dict[str, Any]:
         """Move instants older than the retained window into .nbcc/history/ (reads stay the same;
         listing the active timeline stays fast as the table ages)."""
@@ -786,8 +806,9 @@ class Table:
             "latest_commit": ({"instant": data[-1].instant, "action": data[-1].action,
                                "completion": data[-1].completion} if data else None),
             "pending_compactions": [i.instant for i in timeline.pending() if i.action == COMPACTION],
-            # as_of may not be older; None: no commit yet
+            # as_of may not be older (but for savepoints' states); None: no commit yet
             "oldest_as_of": oldest_readable(self.storage, timeline),
+            "savepoints": savepoint_times(self.storage),
             # an incremental begin may not be older (format.md §12.7); None: any begin, as no
             # clean ran. "cdc": for reads that need the state at begin (cdc, an overwrite in range)
             "earliest_begin": (None if window is None or not data else

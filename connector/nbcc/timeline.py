@@ -358,6 +358,15 @@ def _load_history_file(storage: Storage, name: str) -> list[Instant]:
     return cached
 
 
+SAVEPOINT_DIR = ".nbcc/savepoints"  # <S>.json: a state kept readable past the window (format.md §14.6)
+
+
+def savepoint_times(storage: Storage) -> list[str]:
+    """The states the table's savepoints keep readable, by their times, oldest first (savepoint.py)."""
+    return sorted(n[:-5] for n in storage.list_names(SAVEPOINT_DIR)
+                  if n.endswith(".json") and len(n) == TIME_LEN + 5 and n[:-5].isdigit())
+
+
 def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
     """The start of the window the cleaner retained (None if no clean ran): the greatest
     `earliest_retained` of every clean, pending ones included (a pending clean may already be

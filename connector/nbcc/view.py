@@ -43,6 +43,7 @@ from .timeline import (
     earliest_retained,
     read_commit_metadatas,
     read_compaction_plan,
+    savepoint_times,
 )
 
 
@@ -282,16 +283,27 @@ def oldest_readable(storage: Storage, timeline: Timeline) -> str | None:
     return max(done[0].completion, earliest_retained(storage, timeline) or "")
 
 
+def state_at(timeline: Timeline, when: str) -> str | None:
+    """The state a read as of `when` sees, named by the completion time of the last instant
+    completed at or before it (None: none had)."""
+    return max((i.completion for i in timeline.completed() if i.completion <= when), default=None)
+
+
 def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -> None:
+    """Refuse a read as of `when` before the oldest readable state, unless a savepoint keeps
+    the state it would see (format.md §14.6)."""
     oldest = oldest_readable(storage, timeline)
     if oldest is None:
         raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")
     if when < oldest:
+        state = state_at(timeline, when)
+        if state is not None and state in savepoint_times(storage):
+            return
         why = ("the start of the window the cleaner retained; older files were deleted"
                if oldest == earliest_retained(storage, timeline) else "the first commit's completion")
         raise InvalidOptionError(
             f"{name}={when} is before the oldest state that can be read, {oldest} ({why}); "
-            "use a time at or after it"
+            "use a time at or after it, or a savepoint's (nbcc savepoints)"
         )
 
 

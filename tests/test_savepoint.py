@@ -1,0 +1,206 @@
+"""Savepoints (format.md §14.6): a state kept readable with as_of and restore whatever the
+cleaner's window, until the savepoint is deleted; and a savepoint racing a clean, either way
+round, never ends up kept with files missing."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+import nbcc
+from faults import Faults, FaultyStorage, Stall
+from nbcc.timeline import read_commit_metadata
+
+SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("p", pa.string()), pa.field("v", pa.int64())])
+WAIT_S = 30
+
+
+def write(table: nbcc.Table, version: int, ids=range(6)) -> str:
+    ids = list(ids)
+    return table.write(pa.table({"id": ids, "p": [f"p{i % 2}" for i in ids], "v": [version] * len(ids)},
+                                schema=SCHEMA))
+
+
+def rows(table: nbcc.Table, **read) -> list[tuple[int, int]]:
+    return sorted((r["id"], r["v"]) for r in table.read(**read).to_pylist())
+
+
+def completion(table: nbcc.Table, instant: str) -> str:
+    return next(i.completion for i in table.timeline() if i.instant == instant)
+
+
+def data_files(uri: str) -> set[str]:
+    return {str(f) for f in Path(uri).rglob("*") if f.is_file() and ".nbcc" not in f.parts}
+
+
+def new_table(uri: str, **options) -> nbcc.Table:
+    return nbcc.Table.create(uri, SCHEMA, "id", partition_by="p", buckets=2, **options)
+
+
+@pytest.mark.parametrize("metadata_table", [False, True])
+def test_a_savepoint_keeps_its_state_readable_through_compaction_cleaning_and_archival(tmp_path, metadata_table):
+    uri = str(tmp_path / "t")
+    table = new_table(uri)
+    if metadata_table:
+        table.build_index()
+    first = completion(table, write(table, 0))
+    month_end = completion(table, write(table, 1, ids=range(3)))
+    expected = [(0, 1), (1, 1), (2, 1), (3, 0), (4, 0), (5, 0)]
+    assert table.savepoint(user_metadata="month end") == month_end  # the latest state: its last completion
+    assert json.loads(Path(uri, ".nbcc", "table.json").read_text())["format_version"] == 5  # older nbcc refuses it
+    for version in range(2, 6):
+        write(table, version)
+        table.compact()
+    table.clean(retain_commits=1)
+    table.archive(retain_commits=1)
+    assert [i for i in table.timeline() if i.archived]  # the savepoint's commits are in the history now
+    # Every time whose state is the savepoint's reads it; the state before it, and after it
+    # until the window, are gone as any state before the window.
+    next_completion = min(i.completion for i in table.timeline() if i.completion and i.completion > month_end)
+    for when in (month_end, str(int(next_completion) - 1)):
+        assert rows(table, as_of=when) == expected
+    for gone in (first, next_completion):
+        with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state that can be read.*or a "
+                                                          r"savepoint's \(nbcc savepoints\)"):
+            table.read(as_of=gone)
+    assert [(s["as_of"], s["user_metadata"]) for s in table.savepoints()] == [(month_end, "month end")]
+    assert table.describe()["savepoints"] == [month_end]
+    # Restore takes it too; a clean after the restore still keeps it.
+    table.restore(month_end)
+    assert rows(table) == expected
+    table.clean(retain_commits=1)
+    assert rows(table, as_of=month_end) == expected
+    # Deleted: the next clean deletes the files only it kept, and the time is refused again.
+    before = data_files(uri)
+    assert table.delete_savepoint(month_end) and not table.delete_savepoint(month_end)
+    table.clean(retain_commits=1)
+    assert data_files(uri) < before
+    with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state that can be read"):
+        table.read(as_of=month_end)
+    assert table.savepoints() == [] and rows(table) == expected
+
+
+def test_a_savepoint_of_a_past_time_keeps_the_state_then_and_making_it_again_returns_it(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    write(table, 0)
+    c0 = completion(table, table.compact())  # a state with base files: read-optimized reads them
+    c1 = completion(table, write(table, 1))
+    write(table, 2)
+    table.compact()
+    between = str(int(c1) - 1)  # after c0, before c1: the state as of c0
+    assert table.savepoint(as_of=between) == c0
+    assert table.savepoint(as_of=c0) == c0 and len(table.savepoints()) == 1
+    table.clean(retain_commits=1)
+    assert rows(table, as_of=between) == [(i, 0) for i in range(6)]
+    assert rows(table, as_of=between, query_type="read_optimized") == [(i, 0) for i in range(6)]
+    with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state"):
+        table.read(as_of=c1)
+
+
+def test_a_savepoint_is_refused_where_there_is_no_state_to_keep(tmp_path):
+    table = new_table(str(tmp_path / "t"))
+    with pytest.raises(nbcc.InvalidOptionError, match="no completed commits yet"):
+        table.savepoint()
+    c0 = completion(table, write(table, 0))
+    with pytest.raises(nbcc.InvalidOptionError, match=r"no commit had completed by then \(the first completed at"):
+        table.savepoint(as_of="2020-01-01")
+    for version in range(1, 4):
+        write(table, version)
+    table.clean(retain_commits=1)
+    with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state that can be read"):
+        table.savepoint(as_of=c0)
+    with pytest.raises(nbcc.InvalidOptionError, match="is not a time"):
+        table.savepoint(as_of="yesterday")
+    with pytest.raises(nbcc.InvalidOptionError, match="user_metadata must be text"):
+        table.savepoint(user_metadata=5)
+    assert table.savepoints() == []
+    assert json.loads(Path(table.uri, ".nbcc", "table.json").read_text())["format_version"] == 1
+
+
+def _in_thread(call):
+    out: dict = {}
+
+    def run():
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 - reported by the test
+            out["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _faulty(table: nbcc.Table, faults: Faults) -> nbcc.Table:
+    return nbcc.Table(FaultyStorage(table.uri, table.storage.storage_options, faults), table.config)
+
+
+def superseded(table: nbcc.Table) -> None:
+    """More commits and a compaction: a clean retaining 1 commit plans to delete the files so far."""
+    for version in range(1, 3):
+        write(table, version)
+    table.compact()
+    write(table, 3)
+
+
+def test_a_savepoint_made_while_a_clean_plans_keeps_its_files(local_table):
+    # The clean listed the savepoints before this one existed; it finds it after publishing its
+    # plan, before deleting, and keeps its files (recorded as kept).
+    uri, _ = local_table
+    table = new_table(uri)
+    kept_state = completion(table, write(table, 0))
+    superseded(table)
+    stall = Stall()
+    cleaner = _faulty(table, Faults().plan("put", stall, where=r"\.clean\.requested$"))
+    thread, out = _in_thread(lambda: cleaner.clean(retain_commits=1))
+    assert stall.entered.wait(WAIT_S)
+    assert table.savepoint(as_of=kept_state) == kept_state  # the clean's plan is not published yet
+    stall.release()
+    thread.join(WAIT_S)
+    assert "error" not in out, out
+    done = read_commit_metadata(table.storage, table.timeline()[-1])
+    assert done["action"] == "clean" and done["savepoints"] == [] and done["kept"]
+    assert rows(table, as_of=kept_state) == [(i, 0) for i in range(6)]
+    table.clean(retain_commits=1)  # the next clean plans with it
+    assert rows(table, as_of=kept_state) == [(i, 0) for i in range(6)]
+
+
+def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and_not_kept(local_table):
+    # The savepoint's put lands after the clean published its plan (which lacks it) and listed
+    # the savepoints: the savepoint finds the clean, removes itself and says so.
+    uri, _ = local_table
+    table = new_table(uri)
+    old_state = completion(table, write(table, 0))
+    superseded(table)
+    put_savepoint, delete_files = Stall(), Stall()
+    saver = _faulty(table, Faults().plan("put", put_savepoint, where=r"/savepoints/"))
+    saving, saved = _in_thread(lambda: saver.savepoint(as_of=old_state))
+    assert put_savepoint.entered.wait(WAIT_S)  # its checks passed: no clean yet
+    cleaner = _faulty(table, Faults().plan("delete", delete_files, where=r"/p=p\d/"))
+    cleaning, cleaned = _in_thread(lambda: cleaner.clean(retain_commits=1))
+    assert delete_files.entered.wait(WAIT_S)  # plan published, savepoints listed, deleting
+    put_savepoint.release()
+    saving.join(WAIT_S)
+    assert isinstance(saved.get("error"), nbcc.CommitError), saved
+    assert "started meanwhile and deletes files of the state" in str(saved["error"])
+    assert table.savepoints() == []
+    delete_files.release()
+    cleaning.join(WAIT_S)
+    assert "error" not in cleaned, cleaned
+    with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state"):
+        table.read(as_of=old_state)
+
+
+def test_spark_reads_a_savepoint_with_as_of(spark, local_table):
+    uri, _ = local_table
+    table = new_table(uri)
+    state = completion(table, write(table, 0))
+    table.savepoint()
+    for version in range(1, 4):
+        write(table, version)
+    table.clean(retain_commits=1)
+    got = spark.read.format("nbcc").option("as_of", state).load(uri).select("id", "v").collect()
+    assert sorted((r.id, r.v) for r in got) == [(i, 0) for i in range(6)]
