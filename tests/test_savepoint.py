@@ -93,7 +93,9 @@ def test_a_savepoint_of_a_past_time_keeps_the_state_then_and_making_it_again_ret
     table.compact()
     between = str(int(c1) - 1)  # after c0, before c1: the state as of c0
     assert table.savepoint(as_of=between) == c0
-    assert table.savepoint(as_of=c0) == c0 and len(table.savepoints()) == 1
+    assert table.savepoint(as_of=c0) == c0 and len(table.savepoints()) == 1  # found, not made again
+    with pytest.raises(nbcc.InvalidOptionError, match="exists already, with user_metadata None; delete it first"):
+        table.savepoint(as_of=c0, user_metadata="other")
     table.clean(retain_commits=1)
     assert rows(table, as_of=between) == [(i, 0) for i in range(6)]
     assert rows(table, as_of=between, query_type="read_optimized") == [(i, 0) for i in range(6)]
@@ -103,7 +105,8 @@ def test_a_savepoint_of_a_past_time_keeps_the_state_then_and_making_it_again_ret
 
 def test_a_savepoint_is_refused_where_there_is_no_state_to_keep(tmp_path):
     table = new_table(str(tmp_path / "t"))
-    with pytest.raises(nbcc.InvalidOptionError, match="no completed commits yet"):
+    table.build_index("files")  # an instant completes, but no commit: still no state to keep
+    with pytest.raises(nbcc.InvalidOptionError, match="the table has no commits yet: there is no state to keep"):
         table.savepoint()
     c0 = completion(table, write(table, 0))
     with pytest.raises(nbcc.InvalidOptionError, match=r"no commit had completed by then \(the first completed at"):
@@ -111,7 +114,8 @@ def test_a_savepoint_is_refused_where_there_is_no_state_to_keep(tmp_path):
     for version in range(1, 4):
         write(table, version)
     table.clean(retain_commits=1)
-    with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state that can be read"):
+    with pytest.raises(nbcc.InvalidOptionError, match=rf"as_of={c0}: the state then \({c0}\) is before the window "
+                                                      "the cleaner retained, .* Only a state within the window"):
         table.savepoint(as_of=c0)
     with pytest.raises(nbcc.InvalidOptionError, match="is not a time"):
         table.savepoint(as_of="yesterday")
@@ -186,12 +190,70 @@ def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and
     saving.join(WAIT_S)
     assert isinstance(saved.get("error"), nbcc.CommitError), saved
     assert "started meanwhile and deletes files of the state" in str(saved["error"])
-    assert table.savepoints() == []
+    assert table.savepoints() == [] and not list(Path(uri, ".nbcc", "savepoints").iterdir())
     delete_files.release()
     cleaning.join(WAIT_S)
     assert "error" not in cleaned, cleaned
     with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state"):
         table.read(as_of=old_state)
+
+
+def test_two_makers_of_one_savepoint_each_get_their_own_verdict(local_table):
+    # A's check runs after a clean that planned without the savepoint published its plan: A is
+    # refused. B's check ran before that plan landed, so that clean found B's savepoint and kept
+    # its files: B's savepoint stands, whatever A's refusal did.
+    uri, _ = local_table
+    table = new_table(uri)
+    state = completion(table, write(table, 0))
+    superseded(table)
+    plan_put, a_check = Stall(), Stall()
+    cleaner = _faulty(table, Faults().plan("put", plan_put, where=r"\.clean\.requested$"))
+    cleaning, cleaned = _in_thread(lambda: cleaner.clean(retain_commits=1))
+    assert plan_put.entered.wait(WAIT_S)  # planned, with no savepoint
+    maker_a = _faulty(table, Faults().plan("list", None, a_check, where=r"/\.nbcc/timeline$"))
+    making, made = _in_thread(lambda: maker_a.savepoint(as_of=state, user_metadata="a"))
+    assert a_check.entered.wait(WAIT_S)  # A's pending file is written; its check waits
+    assert table.savepoint(as_of=state, user_metadata="b") == state  # B
+    plan_put.release()
+    cleaning.join(WAIT_S)
+    assert "error" not in cleaned, cleaned
+    a_check.release()
+    making.join(WAIT_S)
+    assert isinstance(made.get("error"), nbcc.CommitError), made
+    assert [(s["as_of"], s["user_metadata"], s["confirmed"]) for s in table.savepoints()] == [(state, "b", True)]
+    table.clean(retain_commits=1)
+    assert rows(table, as_of=state) == [(i, 0) for i in range(6)]
+
+
+def test_a_savepoint_whose_check_fails_is_not_kept_and_one_left_pending_only_makes_cleans_keep_more(local_table):
+    uri, _ = local_table
+    table = new_table(uri)
+    state = completion(table, write(table, 0))
+    superseded(table)
+    lost = [ConnectionResetError(104, "injected: connection reset")] * 3  # every attempt of the storage call
+    # The check cannot list the timeline: the error says so, and no savepoint is left.
+    failing = _faulty(table, Faults().plan("list", None, *lost, where=r"/\.nbcc/timeline$"))
+    with pytest.raises(nbcc.StorageError, match="connection reset"):
+        failing.savepoint(as_of=state)
+    assert table.savepoints() == []
+    # A maker cut short after its check, before it could confirm or tidy up (as a crash would):
+    # its pending file is listed as such; reads before the window do not trust it, cleans keep
+    # its state's files until it is deleted.
+    cut = _faulty(table, Faults().plan("put", None, *lost, where=r"/savepoints/").plan("delete", *lost,
+                                                                                      where=r"/savepoints/"))
+    with pytest.raises(nbcc.StorageError):
+        cut.savepoint(as_of=state)
+    assert [(s["as_of"], s["confirmed"]) for s in table.savepoints()] == [(state, False)]
+    assert table.describe()["savepoints"] == []
+    table.clean(retain_commits=1)
+    with pytest.raises(nbcc.InvalidOptionError, match="before the oldest state"):
+        table.read(as_of=state)
+    assert table.savepoint(as_of=state) == state  # made again: the files are all there, and it is checked
+    assert rows(table, as_of=state) == [(i, 0) for i in range(6)]
+    before = data_files(uri)
+    assert table.delete_savepoint(state) and table.savepoints() == []
+    table.clean(retain_commits=1)
+    assert data_files(uri) < before
 
 
 def test_spark_reads_a_savepoint_with_as_of(spark, local_table):

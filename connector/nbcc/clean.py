@@ -131,7 +131,7 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int | None
                now_ms: int | None = None) -> CleanPlan:
     # A savepoint made after this listing is found by the run that deletes (kept_by_new_savepoints),
     # or finds this clean's plan itself (format.md §14.6).
-    savepoints = savepoint_times(storage)
+    savepoints = savepoint_times(storage, pending=True)
     timeline = timeline or Timeline.load(storage)
     data_commits = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
     view = table_view(storage, config, timeline, None)
@@ -165,7 +165,7 @@ def kept_by_new_savepoints(storage: Storage, config: TableConfig, planned_with: 
     all: those of savepoints made since, of states before its `window`. Every run that deletes a
     clean's files asks just before it deletes (format.md §14.6)."""
     known = set(planned_with)
-    new = [s for s in savepoint_times(storage) if s not in known and window is not None and s < window]
+    new = [s for s in savepoint_times(storage, pending=True) if s not in known and window is not None and s < window]
     if not new:
         return set()
     timeline = Timeline.load(storage)

@@ -435,9 +435,10 @@ def cmd_savepoints(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(kept)
         return 0
-    _print_table(["SAVEPOINT", "CREATED", "BY", "USER_METADATA"],
-                 [[k["as_of"], k["created"], "@".join(filter(None, (k.get("user"), k.get("host")))) or "-",
-                   k.get("user_metadata") or "-"] for k in kept])
+    _print_table(["SAVEPOINT", "CREATED", "STATE", "BY", "USER_METADATA"],
+                 [[k["as_of"], k["created"], "kept" if k["confirmed"] else "pending",
+                   "@".join(filter(None, (k.get("user"), k.get("host")))) or "-", k.get("user_metadata") or "-"]
+                  for k in kept])
     return 0
 
 
@@ -771,7 +772,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("savepoints", parents=[common], help="list the savepoints",
                        description="List the savepoints, oldest first: the savepoint's time (read it with as_of), "
-                                   "when it was made, by whom, and its user metadata.")
+                                   "when it was made, its state (kept; pending while it is being made, or if its "
+                                   "making was cut short: cleans keep its files until it is deleted), by whom, "
+                                   "and its user metadata.")
     p.add_argument("--json", action="store_true", help="print a JSON list instead")
     p.set_defaults(func=cmd_savepoints)
 

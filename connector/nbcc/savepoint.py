@@ -2,20 +2,25 @@
 Iceberg's tags), for month-end audits and for `restore` to a known good state.
 
 A savepoint names a state by its time S: the completion time of the last instant completed at
-or before the time given. `.nbcc/savepoints/<S>.json` records it (format.md §14.6). A read as of
-any time whose state is S is allowed before the cleaner's window (`view.check_readable`), and a
-clean keeps every file such a read opens until the savepoint is deleted.
+or before the time given. `.nbcc/savepoints/<S>_<created>.json` records it (format.md §14.6).
+A read as of any time whose state is S is allowed before the cleaner's window
+(`view.check_readable`), and a clean keeps every file such a read opens until the savepoint is
+deleted.
 
-A savepoint and a clean race without a lock: a clean records in its plan the savepoints it
+A savepoint and a clean race without a lock. A clean records in its plan the savepoints it
 planned with, and every run that deletes its files lists the savepoints again just before and
-keeps the files of any its plan lacks (`clean.kept_by_new_savepoints`); a new savepoint, once
-written, looks at the cleans whose window starts after S that lacked it, and removes itself and
-fails if one plans to delete a file of S. Each writes before it looks, so one sees the other.
+keeps the files of any its plan lacks (`clean.kept_by_new_savepoints`). A savepoint is made in
+two steps: a pending file (`<S>_<created>.pending.json`, whose state cleans keep too), then,
+once it has checked that no clean which planned without it deletes a file of S, the savepoint
+itself. Each side writes before it looks at the other, so one always sees the other; and a
+savepoint that fails (a clean found deleting, a storage error, a crash) leaves no savepoint that
+reads trust, only at worst a pending file that makes cleans keep more.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from .clean import files_of_state
@@ -25,62 +30,100 @@ from .errors import CommitError, InvalidOptionError
 from .storage import Storage
 from .timeline import (
     CLEAN,
+    DATA_ACTIONS,
     REQUESTED,
     SAVEPOINT_DIR,
     TIMELINE_DIR,
     Timeline,
     committed_by,
     read_commit_metadata,
+    savepoint_files,
     savepoint_times,
 )
-from .view import check_readable, state_at
+from .view import oldest_readable, state_at
 
 _LAST_TIME = "99991231235959999"
+log = logging.getLogger(__name__)
 
 
 def list_savepoints(storage: Storage) -> list[dict[str, Any]]:
     """Each savepoint's record, oldest state first: `as_of` (its state's time S), `created`
-    (when it was made), `host`/`user`, and `user_metadata` if given."""
+    (when it was made), `host`/`user`, `user_metadata` if given, and `confirmed`: False for one
+    being made, or left pending by a creation that crashed (delete it to let cleans go on)."""
     out = []
-    for when in savepoint_times(storage):
+    for state, created, confirmed in savepoint_files(storage):
         try:
-            out.append(json.loads(storage.read_bytes(f"{SAVEPOINT_DIR}/{when}.json")))
-        except FileNotFoundError:  # deleted since the listing
+            record = json.loads(storage.read_bytes(_path(state, created, confirmed)))
+        except FileNotFoundError:  # deleted since the listing (a pending one: confirmed meanwhile)
             continue
-    return out
+        out.append({**record, "confirmed": confirmed})
+    return sorted(out, key=lambda r: (r["as_of"], r["created"], r["confirmed"]))
+
+
+def _path(state: str, created: str, confirmed: bool) -> str:
+    return f"{SAVEPOINT_DIR}/{state}_{created}{'' if confirmed else '.pending'}.json"
 
 
 def create_savepoint(storage: Storage, config: TableConfig, clock: TimeGenerator, as_of: Any = None,
                      user_metadata: str | None = None) -> str:
     """Keep the state as of `as_of` (None: the latest) readable until `delete_savepoint`;
-    returns its time S (making one that exists again returns it too). Refused if that state is
-    before the cleaner's window (its files may be gone already), or if a clean that started
-    meanwhile is deleting its files (then nothing is kept; try again)."""
+    returns its time S (a savepoint of that state made before is returned as it is). Refused
+    if that state is before the cleaner's window (its files may be gone already), or if a clean
+    that started meanwhile is deleting its files (then nothing is kept)."""
     if user_metadata is not None and not isinstance(user_metadata, str):
         raise InvalidOptionError(f"user_metadata must be text (why the state is kept); got {user_metadata!r}")
     timeline = Timeline.load(storage)
-    if state_at(timeline, _LAST_TIME) is None:
-        raise InvalidOptionError("the table has no completed commits yet: there is no state to keep")
-    state = state_at(timeline, parse_time_option(as_of, "as_of") if as_of is not None else _LAST_TIME)
-    if state is None:
-        first = min(i.completion for i in timeline.completed())
-        raise InvalidOptionError(f"as_of={as_of}: no commit had completed by then (the first completed at {first})")
-    check_readable(storage, timeline, state, "as_of")  # before the window, and not kept already: gone
+    data = [i.completion for i in timeline.completed() if i.action in DATA_ACTIONS]
+    if not data:
+        raise InvalidOptionError("the table has no commits yet: there is no state to keep")
+    given = parse_time_option(as_of, "as_of") if as_of is not None else _LAST_TIME
+    state = state_at(timeline, given)
+    if state is None or state < min(data):
+        raise InvalidOptionError(f"as_of={as_of}: no commit had completed by then (the first completed at "
+                                 f"{min(data)})")
+    existing = [r for r in list_savepoints(storage) if r["as_of"] == state and r["confirmed"]]
+    if existing:
+        if user_metadata is not None and all(r.get("user_metadata") != user_metadata for r in existing):
+            raise InvalidOptionError(f"a savepoint of the state as of {state} exists already, with user_metadata "
+                                     f"{existing[0].get('user_metadata')!r}; delete it first to change that")
+        return state
+    oldest = oldest_readable(storage, timeline)
+    # A state that a pending savepoint file has kept may be made again (the check below finds
+    # any clean that deleted its files before the file landed).
+    if oldest is not None and state < oldest and state not in savepoint_times(storage, pending=True):
+        raise InvalidOptionError(
+            f"{'the latest state' if as_of is None else f'as_of={as_of}: the state then'} ({state}) is before "
+            f"the window the cleaner retained, which starts at {oldest}: its files may be deleted already. Only "
+            "a state within the window can be kept (nbcc describe: oldest as_of)")
     with clock.locked() as grant:  # older nbcc, whose cleans would delete its files, must refuse the table
         raise_format_version(storage, grant, SAVEPOINT_VERSION)
-        made = grant.time
-    record = {"as_of": state, "created": made, **committed_by(),
-              **({"user_metadata": user_metadata} if user_metadata is not None else {})}
-    path = f"{SAVEPOINT_DIR}/{state}.json"
-    created = storage.put_if_absent(path, json.dumps(record, sort_keys=True).encode())
-    conflict = _clean_deleting(storage, config, state)
+        created = grant.time
+    record = json.dumps({"as_of": state, "created": created, **committed_by(),
+                         **({"user_metadata": user_metadata} if user_metadata is not None else {})},
+                        sort_keys=True).encode()
+    pending = _path(state, created, confirmed=False)
+    storage.put_if_absent(pending, record)
+    try:
+        conflict = _clean_deleting(storage, config, state)
+        if conflict is None:
+            storage.put_if_absent(_path(state, created, confirmed=True), record)
+    finally:
+        # Only now: while the check ran, the pending file made cleans that list it keep the state.
+        _remove_quietly(storage, pending)
     if conflict is not None:
-        if created:
-            storage.delete(path)
-        raise CommitError(f"clean {conflict} started meanwhile and deletes files of the state as of {state}, so "
-                          "it cannot be kept; nothing was kept. Make the savepoint again once the clean is done "
-                          "if that state is still readable, else keep a later one")
+        raise CommitError(f"clean {conflict} started meanwhile and deletes files of the state as of {state}, so it "
+                          "cannot be kept; nothing was kept. Keep a state within that clean's window instead "
+                          "(the latest, or nbcc describe: oldest as_of)")
     return state
+
+
+def _remove_quietly(storage: Storage, path: str) -> None:
+    """Delete a pending savepoint file; left behind, it only makes cleans keep its state."""
+    try:
+        storage.delete(path)
+    except Exception as exc:  # noqa: BLE001 - the caller's outcome stands either way
+        log.warning("could not delete the pending savepoint file %s (%s); cleans keep its state's files "
+                    "until it is deleted (nbcc delete-savepoint)", path, exc)
 
 
 def _clean_deleting(storage: Storage, config: TableConfig, state: str, _attempts: int = 3) -> str | None:
@@ -113,10 +156,10 @@ def _clean_deleting(storage: Storage, config: TableConfig, state: str, _attempts
 
 def delete_savepoint(storage: Storage, when: Any) -> bool:
     """Stop keeping the savepoint's state (the next clean may delete its files, and reads
-    before the cleaner's window are refused again); False if no savepoint has that time."""
+    before the cleaner's window are refused again), pending files of it included; False if no
+    savepoint has that time."""
     state = parse_time_option(when, "savepoint")
-    path = f"{SAVEPOINT_DIR}/{state}.json"
-    if not storage.exists(path):
-        return False
-    storage.delete(path)
-    return True
+    found = [(s, c, ok) for s, c, ok in savepoint_files(storage) if s == state]
+    for s, created, confirmed in found:
+        storage.delete(_path(s, created, confirmed))
+    return bool(found)

@@ -554,14 +554,17 @@ class Table:
     def savepoint(self, as_of: Any = None, *, user_metadata: str | None = None) -> str:
         """Keep the table's state as of `as_of` (None: now) readable, with `read(as_of=...)` and
         `restore`, whatever the cleaner's window, until `delete_savepoint` (Hudi's savepoints,
-        Iceberg's tags). Returns the savepoint's time: the completion time of the last commit
-        that the state holds. Its files stay on storage meanwhile. Refused for a state before
-        the cleaner's window (its files may be gone). `user_metadata`: why it is kept."""
+        Iceberg's tags). Returns the savepoint's time: the completion time of the last instant
+        (a commit, compaction or clean) completed by `as_of`. Its files stay on storage
+        meanwhile. Refused for a state before the cleaner's window (its files may be gone), and
+        if a clean running meanwhile deletes its files. Making a savepoint of a state kept
+        already returns it. `user_metadata`: why it is kept."""
         return create_savepoint(self.storage, self.config, self.clock, as_of, user_metadata)
 
     def savepoints(self) -> list[dict[str, Any]]:
         """The savepoints, oldest first: `as_of` (the savepoint's time), `created`, `host`,
-        `user`, and `user_metadata` if given."""
+        `user`, `user_metadata` if given, and `confirmed` (False while one is being made, or
+        if its making was cut short: cleans keep its files until `delete_savepoint`)."""
         return list_savepoints(self.storage)
 
     def delete_savepoint(self, as_of: Any) -> bool:

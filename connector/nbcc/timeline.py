@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import getpass
 import json
+import re
 import socket
 import threading
 from collections import OrderedDict
@@ -358,13 +359,22 @@ def _load_history_file(storage: Storage, name: str) -> list[Instant]:
     return cached
 
 
-SAVEPOINT_DIR = ".nbcc/savepoints"  # <S>.json: a state kept readable past the window (format.md §14.6)
+# <S>_<created>.json: a state kept readable past the window; <S>_<created>.pending.json: one being
+# made, whose state cleans keep too (savepoint.py, format.md §14.6).
+SAVEPOINT_DIR = ".nbcc/savepoints"
+_SAVEPOINT_FILE = re.compile(rf"(\d{{{TIME_LEN}}})_(\d{{{TIME_LEN}}})(\.pending)?\.json")
 
 
-def savepoint_times(storage: Storage) -> list[str]:
-    """The states the table's savepoints keep readable, by their times, oldest first (savepoint.py)."""
-    return sorted(n[:-5] for n in storage.list_names(SAVEPOINT_DIR)
-                  if n.endswith(".json") and len(n) == TIME_LEN + 5 and n[:-5].isdigit())
+def savepoint_files(storage: Storage) -> list[tuple[str, str, bool]]:
+    """(S, created, confirmed) of every savepoint file, in name order (savepoint.py)."""
+    found = [_SAVEPOINT_FILE.fullmatch(n) for n in storage.list_names(SAVEPOINT_DIR)]
+    return [(m[1], m[2], m[3] is None) for m in found if m]
+
+
+def savepoint_times(storage: Storage, pending: bool = False) -> list[str]:
+    """The states the table's savepoints keep readable, by their times, oldest first; with
+    `pending`, those of savepoints being made too (which cleans keep as well)."""
+    return sorted({s for s, _, confirmed in savepoint_files(storage) if confirmed or pending})
 
 
 def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
