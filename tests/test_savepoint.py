@@ -167,9 +167,12 @@ def test_a_savepoint_made_while_a_clean_plans_keeps_its_files(local_table):
     assert "error" not in out, out
     done = read_commit_metadata(table.storage, table.timeline()[-1])
     assert done["action"] == "clean" and done["savepoints"] == [] and done["kept"]
+    assert table.history(limit=1)[0].parameters["kept_for_new_savepoints"] == len(done["kept"])
     assert rows(table, as_of=kept_state) == [(i, 0) for i in range(6)]
+    superseded(table)
     table.clean(retain_commits=1)  # the next clean plans with it
     assert rows(table, as_of=kept_state) == [(i, 0) for i in range(6)]
+    assert table.history(limit=1)[0].parameters["savepoints"] == [kept_state]
 
 
 def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and_not_kept(local_table):

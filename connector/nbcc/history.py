@@ -26,7 +26,8 @@ class CommitInfo:
     restore). `user`, `host`: who completed it (None before nbcc recorded them).
     `parameters`: how it was asked for, as recorded (`user_metadata`, `replace_where`,
     `condition`, `updates`, `widened`, `replaced_partitions`, `restored_as_of`, `stream_id` and `batch_id`; a clean's
-    `earliest_retained` and `rolled_back`; an indexing's `built`)."""
+    `earliest_retained`, `rolled_back`, `savepoints` and `kept_for_new_savepoints`; an
+    indexing's `built`)."""
 
     instant: str
     completion: str
@@ -63,6 +64,10 @@ def _commit_info(instant: str, completion: str, action: str, meta: dict[str, Any
     who = {"user": meta.get("user"), "host": meta.get("host")}
     if action == CLEAN:
         deleted = meta.get("deleted", [])
+        # The savepoints whose files it kept: those it planned with, and how many files it kept
+        # for savepoints made while it ran (format.md §14.6).
+        parameters.update({"savepoints": meta["savepoints"]} if meta.get("savepoints") else {})
+        parameters.update({"kept_for_new_savepoints": len(meta["kept"])} if meta.get("kept") else {})
         return CommitInfo(instant, completion, action, CLEAN, None, len(deleted), None,
                           tuple(sorted({partition for partition, _ in deleted} - {""})), **who, parameters=parameters)
     if action == INDEXING:
