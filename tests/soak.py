@@ -14,6 +14,11 @@ tests/test_soak.py runs a short version of it in `make test`. On one table (even
 - a compactor process runs `compact()` every second, a cleaner process `clean()` every second and
   `archive()` every 5th time (its window: the last 10 data commits, widened to cover every read
   in progress, as a deployment chooses retain_commits to cover its longest read);
+- a savepointer process, every 2 seconds, makes a savepoint of the oldest state the cleaner's
+  smallest window holds (so a clean running meanwhile may pass it: the savepoint is then made
+  and kept, or refused with nothing kept, format.md §14.6), reads as of every savepoint (soon
+  before the window: readable only because cleans keep their files), and deletes all but the
+  last one (more would leave a short run on S3 too few files to clean);
 - 2 readers read the table over and over: one through the Python API, one through Spark's batch
   source (`spark.read.format("nbcc")`).
 
@@ -96,6 +101,8 @@ DELETE_FRACTION = 0.05
 BUCKETS = 8
 COMPACT_EVERY_S = 1.0
 CLEAN_EVERY_S = 1.0
+SAVEPOINT_EVERY_S = 2.0
+SAVEPOINTS_KEPT = 1
 READ_PAUSE_S = 0.5  # between two reads of one reader
 READ_SLACK_S = 2.0  # the cleaner also keeps the commits of the last 2 s (see _retain_for_reads)
 ARCHIVE_EVERY_CLEANS = 5
@@ -343,6 +350,8 @@ def _role_main(role: str, config_path: Path, slot: int) -> int:
                 record.update(tag=commit_tag(slot, n), instant=table.write(data), rows=data.num_rows)
             elif role == "compactor":
                 record["instant"] = table.compact()
+            elif role == "savepointer":
+                record.update(_savepoint_round(table, cfg["retain_commits"]))
             else:
                 record["quiet"] = quiet.exists()  # this run started on the quiet table
                 retain = _retain_for_reads(table, work, cfg["retain_commits"])
@@ -360,13 +369,39 @@ def _role_main(role: str, config_path: Path, slot: int) -> int:
         _append(log_path, record)
         n += 1
         if role != "writer":
-            pause = COMPACT_EVERY_S if role == "compactor" else CLEAN_EVERY_S
+            pause = {"compactor": COMPACT_EVERY_S, "savepointer": SAVEPOINT_EVERY_S}.get(role, CLEAN_EVERY_S)
             _wait_for(lambda: stop.exists() or time.time() > deadline, pause)
     stats = {"lock": asdict(table.clock.stats), "retries": counter.counts,
              "retry_samples": counter.samples, "runs": n, "failures": failures,
              "stopped_by": "signal" if stop.exists() else "deadline"}
     (work / f"{name}.stats.json").write_text(json.dumps(stats))
     return 0
+
+
+def _savepoint_round(table: nbcc.Table, retain_commits: int) -> dict[str, Any]:
+    """One round of the savepointer: keep the oldest state the cleaner's smallest window holds
+    (made, found, or refused because a clean passed it meanwhile: all fine), read as of every
+    savepoint (digests, checked against the reference at the end), and delete all but the last
+    SAVEPOINTS_KEPT. Any other error fails the round."""
+    out: dict[str, Any] = {}
+    done = sorted(i.completion for i in table.timeline() if i.is_completed and i.action in DATA_ACTIONS)
+    if done:
+        try:
+            out["made"] = table.savepoint(as_of=done[max(0, len(done) - retain_commits)])
+        except nbcc.CommitError as exc:  # a clean that planned without it deletes its files
+            out["refused"] = str(exc)[:300]
+        except nbcc.InvalidOptionError as exc:  # a clean passed it since this round's listing
+            if "before the window the cleaner retained" not in str(exc):
+                raise
+            out["refused"] = str(exc)[:300]
+    kept = sorted({s["as_of"] for s in table.savepoints() if s["confirmed"]})
+    out["reads"] = []
+    for state in kept:
+        data = table.read(as_of=state)
+        out["reads"].append({"as_of": state, "digest": state_digest(data.select(COLUMNS).to_pylist(), COLUMNS)})
+    for state in kept[:-SAVEPOINTS_KEPT]:
+        table.delete_savepoint(state)
+    return out
 
 
 # -- the streaming query ---------------------------------------------------------------------------
@@ -599,11 +634,11 @@ def run_soak(spark, uri: str, storage_options: dict[str, Any] | None, work: Path
     counter = install_retry_counter()  # this process: the readers
     counted_before = dict(counter.counts)
 
-    roles = [(f"writer-{w}", "writer", w) for w in range(WRITERS)] + [("compactor", "compactor", 0),
-                                                                      ("cleaner", "cleaner", 0)]
+    roles = [(f"writer-{w}", "writer", w) for w in range(WRITERS)] + [
+        ("compactor", "compactor", 0), ("cleaner", "cleaner", 0), ("savepointer", "savepointer", 0)]
     procs = {name: _spawn(role, config_path, slot, work / f"{name}.log") for name, role, slot in roles}
     writers = [procs[f"writer-{w}"] for w in range(WRITERS)]
-    services = [procs["compactor"], procs["cleaner"]]
+    services = [procs["compactor"], procs["cleaner"], procs["savepointer"]]
     streamer = StreamWriter(spark, uri, storage_options, work, keys) if stream else None
     readers = [Reader("python-reader", python_reader(nbcc.Table.open(uri, storage_options)),
                       nbcc.Table.open(uri, storage_options), work),
@@ -665,7 +700,7 @@ def run_soak(spark, uri: str, storage_options: dict[str, Any] | None, work: Path
             problems.append("the cleaner did not clean the quiet table in time")
         (work / "services-stop").write_text("stop")
         if not _wait_for(lambda: all(p.poll() is not None for p in services), STOP_TIMEOUT_S, 0.1):
-            problems.append("the compactor or the cleaner did not stop in time")
+            problems.append("the compactor, the cleaner or the savepointer did not stop in time")
         for r in readers:
             if not r.stop(STOP_TIMEOUT_S):
                 problems.append(f"{r.name} did not stop in time")
@@ -713,9 +748,9 @@ def analyse(table: nbcc.Table, work: Path, *, keys: int, streamer: StreamWriter 
 
     # What each writer process wrote and saw.
     writer_records = {w: json_lines(work / f"writer-{w}.jsonl") for w in range(WRITERS)}
-    service_records = {n: json_lines(work / f"{n}.jsonl") for n in ("compactor", "cleaner")}
+    service_records = {n: json_lines(work / f"{n}.jsonl") for n in ("compactor", "cleaner", "savepointer")}
     stats = {n: json.loads((work / f"{n}.stats.json").read_text()) if (work / f"{n}.stats.json").exists() else None
-             for n in [f"writer-{w}" for w in range(WRITERS)] + ["compactor", "cleaner"]}
+             for n in [f"writer-{w}" for w in range(WRITERS)] + ["compactor", "cleaner", "savepointer"]}
     failed = [f"writer-{w} commit {r['n']}: {r['error']}" for w, rs in writer_records.items() for r in rs if not r["ok"]]
     for name, rs in service_records.items():
         problems.extend(f"{name} run {r['n']} failed: {r['error']}" for r in rs if not r["ok"])
@@ -770,6 +805,17 @@ def analyse(table: nbcc.Table, work: Path, *, keys: int, streamer: StreamWriter 
                  if tuple(read["digest"]) != reference.at(read["as_of"])]
     if bad_reads:
         problems.append(f"{len(bad_reads)} read(s) differ from the reference state at their as_of: {bad_reads[:5]}")
+    # Reads as of savepoints, during the run and now (after the last clean and archival).
+    rounds = [r for r in service_records["savepointer"] if r["ok"]]
+    savepoint_reads = [read for r in rounds for read in r["reads"]]
+    kept_now = sorted({s["as_of"] for s in table.savepoints() if s["confirmed"]})
+    savepoint_reads += [{"as_of": s, "digest": state_digest(table.read(as_of=s).select(COLUMNS).to_pylist(), COLUMNS)}
+                        for s in kept_now]
+    bad_savepoint_reads = [read["as_of"] for read in savepoint_reads if tuple(read["digest"]) != reference.at(read["as_of"])]
+    if bad_savepoint_reads:
+        problems.append(f"{len(bad_savepoint_reads)} read(s) as of a savepoint differ from the reference state: "
+                        f"{bad_savepoint_reads[:5]}")
+    window = table.describe()["oldest_as_of"]
     got = sorted(final.select(COLUMNS).to_pylist(), key=lambda r: r["id"])
     if got != reference.final:
         problems.append("the final snapshot differs from the reference: " + _diff(got, reference.final))
@@ -822,6 +868,10 @@ def analyse(table: nbcc.Table, work: Path, *, keys: int, streamer: StreamWriter 
         "cleans": len(cleans),
         "files_cleaned": sum(r["deleted"] for r in cleans),
         "instants_archived": sum(r.get("archived", 0) for r in cleans),
+        "savepoints_made": len({r["made"] for r in rounds if "made" in r}),
+        "savepoints_refused": sum("refused" in r for r in rounds),
+        "savepoint_reads": len(savepoint_reads),
+        "savepoints_before_window_at_end": sum(1 for s in kept_now if window and s < window),
         "final_rows": final.num_rows,
         "final_matches_reference": got == reference.final and spark_final == reference.final
                                    and spark_latest == reference.final,
@@ -832,6 +882,8 @@ def analyse(table: nbcc.Table, work: Path, *, keys: int, streamer: StreamWriter 
         problems.append("the cleaner deleted no file in the whole run")
     if summary["instants_archived"] == 0:
         problems.append("the cleaner archived no instant in the whole run")
+    if summary["savepoints_made"] == 0:
+        problems.append("the savepointer made no savepoint in the whole run")
     if failed:
         problems.insert(0, f"{len(failed)} failed commit(s): {failed[:5]}")
     if not all_reads or any(len(r.reads) < 2 for r in readers):
@@ -864,7 +916,9 @@ def summary_line(s: dict[str, Any]) -> str:
             f"  reads {s['reads']} (longest {s['longest_read_s']} s), atomicity violations "
             f"{s['atomicity_violations']}, reads off the reference {s['reads_off_reference']}, "
             f"compactions {s['compactions']}, cleans {s['cleans']} ({s['files_cleaned']} files deleted, "
-            f"{s['instants_archived']} instants archived), final snapshot {s['final_rows']} rows "
+            f"{s['instants_archived']} instants archived), savepoints {s['savepoints_made']} made, "
+            f"{s['savepoints_refused']} refused ({s['savepoint_reads']} reads as of them, "
+            f"{s['savepoints_before_window_at_end']} kept before the window at the end), final snapshot {s['final_rows']} rows "
             f"{'== reference' if s['final_matches_reference'] else '!= REFERENCE'}"
             + ("" if not s["problems"] else "\n  PROBLEMS:\n" + "\n".join(f"  - {p}" for p in s["problems"])))
 
@@ -907,7 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-stream", action="store_true", help="leave the streaming query out")
     parser.add_argument("--out", type=Path, help="write the summary here as JSON")
     parser.add_argument("--work", type=Path, help="work folder (default: a temporary one, removed after)")
-    parser.add_argument("--role", choices=("writer", "compactor", "cleaner"), help=argparse.SUPPRESS)
+    parser.add_argument("--role", choices=("writer", "compactor", "cleaner", "savepointer"), help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--slot", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -4,7 +4,7 @@ disk and on the moto S3 server. `make soak` runs it for longer.
 It must end with no failed commit, no atomicity violation, every read equal to the reference
 state at its `as_of`, the final snapshot (Python API, and Spark with and without as_of) equal to
 the reference, and every kind of writer and service having done its part (the cleaner deleted
-files and archived instants). Throughput is printed, never asserted.
+files and archived instants, the savepointer made savepoints and read as of them). Throughput is printed, never asserted.
 
 The checks themselves are tested first, on hand-made reads that break them."""
 
@@ -102,3 +102,4 @@ def test_soak(spark, any_table, tmp_path):
     assert summary["files_cleaned"] > 0 and summary["instants_archived"] > 0, \
         (summary["files_cleaned"], summary["instants_archived"])
     assert all(n >= 2 for n in summary["reads"].values())
+    assert summary["savepoints_made"] >= 1 and summary["savepoint_reads"] >= 1
