@@ -198,7 +198,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     current = earliest_retained(storage, timeline)
     window = max((w for w in (plan.earliest_retained, current) if w is not None), default=None)
     result: dict[str, Any] = {"action": CLEAN, "earliest_retained": window, **committed_by(),
-                              "deleted": [], "rolled_back": rolled_back, "files": []}
+                              "deleted": [], "rolled_back": rolled_back, "files": [], "savepoints": plan.savepoints}
     if dry_run:
         return {**result, "deleted": [list(d) for d in plan.delete], "dry_run": True,
                 "retain_commits_start": plan.earliest_retained}
@@ -216,8 +216,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         if progress is not None:
             progress(n, len(delete))
     spared = [list(d) for d in plan.delete if d in kept]
-    result.update(instant=instant, deleted=[list(d) for d in delete], savepoints=plan.savepoints,
-                  **({"kept": spared} if spared else {}))
+    result.update(instant=instant, deleted=[list(d) for d in delete], **({"kept": spared} if spared else {}))
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
     _index_in_step(storage)

@@ -362,6 +362,9 @@ def cmd_clean(args: argparse.Namespace) -> int:
             why = f"reads of {policy} need the commits from {start} on"
         print(f"retained window {starts} at {result['earliest_retained']}, where an earlier clean put it "
               f"({why}, but files that reads before the window needed were deleted)")
+    before = [s for s in result.get("savepoints", []) if result["earliest_retained"] and s < result["earliest_retained"]]
+    if before:  # their states stay readable: the clean keeps their files
+        print(f"{'would keep' if args.dry_run else 'kept'} the files of the states of savepoint(s) {', '.join(before)}")
     deleted = result.get("deleted") or []
     if not args.dry_run:
         print(f"deleted {_n(len(deleted), 'file')}")

@@ -192,8 +192,8 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
         except InvalidOptionError:
             raise InvalidOptionError(
                 f"{unmasked(part)!r} is not a condition it can read (COLUMN OP 'literal', COLUMN [NOT] IN ('a', "
-                "'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL; OR, LIKE and functions are not "
-                "supported)") from None
+                "'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL, a COLUMN holding spaces in backticks: "
+                "`order day`; OR, LIKE and functions are not supported)") from None
         column = unmasked(column)
         if not re.fullmatch(rf"{_QUOTED_NAME}|[A-Za-z_][A-Za-z0-9_]*", column):
             raise InvalidOptionError(f"{column!r} is not a column name: functions and expressions are "
@@ -248,7 +248,7 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
     try:
         values = _cast_texts(texts, t)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not a {t} value ({exc})") from None
+        raise InvalidOptionError(f"condition on {column!r}: {given!r} is not a value of type {t} ({exc})") from None
     f = pc.field(column)
     if op in ("in", "not_in"):
         found = f.isin(values)
@@ -303,7 +303,8 @@ def typed_value(column: str, text: str | None, schema: pa.Schema) -> tuple[str, 
             return column, pc.cast(pa.array([text], pa.string()), t)[0]
         return column, _cast_texts([text], t)[0]
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise InvalidOptionError(f"--set {column}: {text!r} is not a {t} value ({str(exc).splitlines()[0]})") from None
+        raise InvalidOptionError(f"--set {column}: {text!r} is not a value of type {t} "
+                                 f"({str(exc).splitlines()[0]})") from None
 
 
 def parse_replace_where(text: str) -> list[tuple[Any, ...]]:

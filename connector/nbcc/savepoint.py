@@ -67,7 +67,8 @@ def _path(state: str, created: str, confirmed: bool) -> str:
 def create_savepoint(storage: Storage, config: TableConfig, clock: TimeGenerator, as_of: Any = None,
                      user_metadata: str | None = None) -> str:
     """Keep the state as of `as_of` (None: the latest) readable until `delete_savepoint`;
-    returns its time S (a savepoint of that state made before is returned as it is). Refused
+    returns its time S (a savepoint of that state made before is returned as it is, its note
+    replaced if `user_metadata` differs). Refused
     if that state is before the cleaner's window (its files may be gone already), or if a clean
     that started meanwhile is deleting its files (then nothing is kept)."""
     if user_metadata is not None and not isinstance(user_metadata, str):
@@ -82,11 +83,10 @@ def create_savepoint(storage: Storage, config: TableConfig, clock: TimeGenerator
         raise InvalidOptionError(f"as_of={as_of}: no commit had completed by then (the first completed at "
                                  f"{min(data)})")
     existing = [r for r in list_savepoints(storage) if r["as_of"] == state and r["confirmed"]]
-    if existing:
-        if user_metadata is not None and all(r.get("user_metadata") != user_metadata for r in existing):
-            raise InvalidOptionError(f"a savepoint of the state as of {state} exists already, with user_metadata "
-                                     f"{existing[0].get('user_metadata')!r}; delete it first to change that")
+    if existing and (user_metadata is None or any(r.get("user_metadata") == user_metadata for r in existing)):
         return state
+    # Else (another note) it is made again, which its kept files let happen whatever the window,
+    # and then the old records go.
     oldest = oldest_readable(storage, timeline)
     # A state that a pending savepoint file has kept may be made again (the check below finds
     # any clean that deleted its files before the file landed).
@@ -114,6 +114,8 @@ def create_savepoint(storage: Storage, config: TableConfig, clock: TimeGenerator
         raise CommitError(f"clean {conflict} started meanwhile and deletes files of the state as of {state}, so it "
                           "cannot be kept; nothing was kept. Keep a state within that clean's window instead "
                           "(the latest, or nbcc describe: oldest as_of)")
+    for old in existing:  # the state stays kept by the record just made
+        storage.delete(_path(state, old["created"], confirmed=True))
     return state
 
 

@@ -544,10 +544,11 @@ class Table:
         """Roll back writes whose heartbeat expired, then delete the files that no read of the
         last `retain_commits` data commits (default 10) needs, or, with `retain_hours`, no read
         as of a time in the last `retain_hours` hours (Delta's retention duration, Hudi's
-        KEEP_LATEST_BY_HOURS); given both, what either needs is kept. Returns what was done
-        (`rolled_back`, `deleted`: [partition, file name] pairs, `earliest_retained`). Time
-        travel to before that window fails afterwards with a clear error. `dry_run=True`
-        changes nothing and returns what would be done."""
+        KEEP_LATEST_BY_HOURS); given both, what either needs is kept, and so is what reads as
+        of a savepoint's state need. Returns what was done (`rolled_back`, `deleted`:
+        [partition, file name] pairs, `earliest_retained`, `savepoints`: those it planned with).
+        Time travel to before that window, but to a savepoint, fails afterwards with a clear
+        error. `dry_run=True` changes nothing and returns what would be done."""
         return clean(self.storage, self.config, self.clock, retain_commits, heartbeat_timeout_s, progress,
                      retain_hours, dry_run)
 

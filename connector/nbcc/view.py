@@ -296,14 +296,14 @@ def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -
     if oldest is None:
         raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")
     if when < oldest:
-        state = state_at(timeline, when)
-        if state is not None and state in savepoint_times(storage):
+        state, kept = state_at(timeline, when), savepoint_times(storage)
+        if state is not None and state in kept:
             return
-        why = ("the start of the window the cleaner retained; older files were deleted"
+        why = ("the start of the window the cleaner retained; older files may have been deleted"
                if oldest == earliest_retained(storage, timeline) else "the first commit's completion")
         raise InvalidOptionError(
             f"{name}={when} is before the oldest state that can be read, {oldest} ({why}); "
-            "use a time at or after it, or a savepoint's (nbcc savepoints)"
+            f"use a time at or after it{', or a savepoint (nbcc savepoints)' if kept else ''}"
         )
 
 
