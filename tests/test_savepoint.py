@@ -33,6 +33,12 @@ def completion(table: nbcc.Table, instant: str) -> str:
     return next(i.completion for i in table.timeline() if i.instant == instant)
 
 
+def completion_of_file(table: nbcc.Table, path: str) -> str:
+    """The completion time of the instant that wrote a data file ('' if none completed)."""
+    done = {i.instant: i.completion for i in table.timeline() if i.completion}
+    return next((c for i, c in done.items() if i in Path(path).name), "")
+
+
 def data_files(uri: str) -> set[str]:
     return {str(f) for f in Path(uri).rglob("*") if f.is_file() and ".nbcc" not in f.parts}
 
@@ -69,6 +75,13 @@ def test_a_savepoint_keeps_its_state_readable_through_compaction_cleaning_and_ar
             table.read(as_of=gone)
     assert [(s["as_of"], s["user_metadata"]) for s in table.savepoints()] == [(month_end, "month end")]
     assert table.describe()["savepoints"] == [month_end]
+    # A read as of it that finds a file missing fails, with the metadata table too (which
+    # forgets the files cleans delete): it never returns fewer rows.
+    [one] = [f for f in sorted(data_files(uri)) if completion_of_file(table, f) <= month_end][:1]
+    moved = Path(one).rename(Path(one).with_name("aside"))
+    with pytest.raises(nbcc.DataFileError, match="is missing"):
+        table.read(as_of=month_end)
+    moved.rename(one)
     # Restore takes it too; a clean after the restore still keeps it.
     table.restore(month_end)
     assert rows(table) == expected
@@ -171,6 +184,8 @@ def test_a_savepoint_made_while_a_clean_plans_keeps_its_files(local_table):
     assert done["action"] == "clean" and done["savepoints"] == [] and done["kept"]
     assert table.history(limit=1)[0].parameters["kept_for_new_savepoints"] == len(done["kept"])
     assert rows(table, as_of=kept_state) == [(i, 0) for i in range(6)]
+    assert table.savepoint(as_of=kept_state, user_metadata="audit") == kept_state  # a new note, before the window
+    assert [s.get("user_metadata") for s in table.savepoints()] == ["audit"]
     superseded(table)
     table.clean(retain_commits=1)  # the next clean plans with it
     assert rows(table, as_of=kept_state) == [(i, 0) for i in range(6)]
@@ -194,7 +209,7 @@ def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and
     put_savepoint.release()
     saving.join(WAIT_S)
     assert isinstance(saved.get("error"), nbcc.CommitError), saved
-    assert "started meanwhile and deletes files of the state" in str(saved["error"])
+    assert "planned to delete files of the state as of" in str(saved["error"])
     assert table.savepoints() == [] and not list(Path(uri, ".nbcc", "savepoints").iterdir())
     delete_files.release()
     cleaning.join(WAIT_S)
@@ -244,9 +259,8 @@ def test_a_savepoint_whose_check_fails_is_not_kept_and_one_left_pending_only_mak
     # A maker cut short after its check, before it could confirm or tidy up (as a crash would):
     # its pending file is listed as such; reads before the window do not trust it, cleans keep
     # its state's files until it is deleted.
-    cut = _faulty(table, Faults().plan("put", None, *lost, where=r"/savepoints/").plan("delete", *lost,
-                                                                                      where=r"/savepoints/"))
-    with pytest.raises(nbcc.StorageError):
+    cut = _faulty(table, Faults().plan("put", None, *lost, where=r"/savepoints/"))
+    with pytest.raises(nbcc.StorageError, match="may or may not have been made .* its pending file stays"):
         cut.savepoint(as_of=state)
     assert [(s["as_of"], s["confirmed"]) for s in table.savepoints()] == [(state, False)]
     assert table.describe()["savepoints"] == []
@@ -256,9 +270,30 @@ def test_a_savepoint_whose_check_fails_is_not_kept_and_one_left_pending_only_mak
     assert table.savepoint(as_of=state) == state  # made again: the files are all there, and it is checked
     assert rows(table, as_of=state) == [(i, 0) for i in range(6)]
     before = data_files(uri)
-    assert table.delete_savepoint(state) and table.savepoints() == []
+    assert table.delete_savepoint(state)  # the made one; the pending file of the cut maker stays
+    assert [(s["as_of"], s["confirmed"]) for s in table.savepoints()] == [(state, False)]
+    assert table.delete_savepoint(state, pending=True) and table.savepoints() == []
     table.clean(retain_commits=1)
     assert data_files(uri) < before
+
+
+def test_deleting_a_savepoint_while_it_is_made_leaves_the_maker_kept(local_table):
+    # The maker's pending file keeps the state from before its check until its savepoint is
+    # made: a delete of the savepoint meanwhile does not take it away.
+    uri, _ = local_table
+    table = new_table(uri)
+    state = completion(table, write(table, 0))
+    superseded(table)
+    check = Stall()
+    maker = _faulty(table, Faults().plan("list", None, check, where=r"/\.nbcc/timeline$"))  # its check's listing
+    making, made = _in_thread(lambda: maker.savepoint(as_of=state, user_metadata="m"))
+    assert check.entered.wait(WAIT_S)
+    assert not table.delete_savepoint(state)  # no savepoint made yet; the pending file is the maker's
+    table.clean(retain_commits=1)
+    check.release()
+    making.join(WAIT_S)
+    assert made.get("value") == state, made
+    assert rows(table, as_of=state) == [(i, 0) for i in range(6)]
 
 
 def test_spark_reads_a_savepoint_with_as_of(spark, local_table):

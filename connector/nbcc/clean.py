@@ -58,7 +58,7 @@ class CleanPlan:
     earliest_retained: str | None
     delete: list[tuple[str, str]] = field(default_factory=list)  # (partition, file name)
     rolled_back: list[str] = field(default_factory=list)
-    savepoints: list[str] = field(default_factory=list)  # the savepoints it kept (listed before planning)
+    savepoints: list[str] = field(default_factory=list)  # the states of the savepoint files (made or pending) it planned with
 
 
 def files_of_state(storage: Storage, config: TableConfig, timeline: Timeline, when: str) -> set[tuple[str, str]]:

@@ -447,7 +447,7 @@ def cmd_savepoints(args: argparse.Namespace) -> int:
 
 def cmd_delete_savepoint(args: argparse.Namespace) -> int:
     table = _open(args)
-    if not table.delete_savepoint(args.savepoint):
+    if not table.delete_savepoint(args.savepoint, pending=args.pending):
         print(f"{PROG}: error: {table.uri} has no savepoint {args.savepoint} (`{PROG} savepoints` lists them)",
               file=sys.stderr)
         return 1
@@ -785,6 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Delete a savepoint: the next clean may delete the files only it kept, and "
                                    "reads as of its time before the cleaner's window are refused again.")
     p.add_argument("savepoint", metavar="SAVEPOINT", type=_time, help="the savepoint's time (nbcc savepoints)")
+    p.add_argument("--pending", action="store_true",
+                   help="also delete its pending files (left by a making cut short); only when no process is "
+                        "making it: a running maker's pending file keeps the state until its savepoint is made")
     p.set_defaults(func=cmd_delete_savepoint)
 
     p = sub.add_parser("delete", parents=[common], help="delete the records that match (SQL's DELETE ... WHERE)",

@@ -26,7 +26,7 @@ from typing import Any
 from .clean import files_of_state
 from .clock import TimeGenerator, parse_time_option
 from .config import SAVEPOINT_VERSION, TableConfig, raise_format_version
-from .errors import CommitError, InvalidOptionError
+from .errors import CommitError, InvalidOptionError, StorageError
 from .storage import Storage
 from .timeline import (
     CLEAN,
@@ -102,19 +102,30 @@ def create_savepoint(storage: Storage, config: TableConfig, clock: TimeGenerator
                          **({"user_metadata": user_metadata} if user_metadata is not None else {})},
                         sort_keys=True).encode()
     pending = _path(state, created, confirmed=False)
-    storage.put_if_absent(pending, record)
+    storage.put_if_absent(pending, record)  # from here on, cleans that list it keep the state
     try:
-        conflict = _clean_deleting(storage, config, state)
-        if conflict is None:
-            storage.put_if_absent(_path(state, created, confirmed=True), record)
-    finally:
-        # Only now: while the check ran, the pending file made cleans that list it keep the state.
-        _remove_quietly(storage, pending)
+        # A made savepoint of the state listed now has kept it without a break since before
+        # this pending file: no clean can have deleted its files since (format.md §14.6).
+        kept = any(s == state and made for s, _, made in savepoint_files(storage))
+        conflict = None if kept else _clean_deleting(storage, config, state)
+    except BaseException:
+        _remove_quietly(storage, pending)  # no savepoint file was put: none can appear later
+        raise
     if conflict is not None:
-        raise CommitError(f"clean {conflict} started meanwhile and deletes files of the state as of {state}, so it "
-                          "cannot be kept; nothing was kept. Keep a state within that clean's window instead "
-                          "(the latest, or nbcc describe: oldest as_of)")
-    for old in existing:  # the state stays kept by the record just made
+        _remove_quietly(storage, pending)
+        raise CommitError(f"clean {conflict} planned to delete files of the state as of {state} without this "
+                          "savepoint, so the state cannot be kept; nothing was kept. Keep a state within the "
+                          "cleaner's window instead (the latest, or nbcc describe: oldest as_of)")
+    try:
+        storage.put_if_absent(_path(state, created, confirmed=True), record)
+    except Exception as exc:
+        # It may land later all the same (a request in flight): the pending file stays, so
+        # cleans keep the state whatever happened.
+        raise StorageError(f"the savepoint of the state as of {state} may or may not have been made ({exc}); its "
+                           "pending file stays, so cleans keep the state. Make it again (it is found if it was "
+                           "made), or delete it with its pending files") from exc
+    _remove_quietly(storage, pending)
+    for old in existing:  # another note: the state stays kept by the record just made
         storage.delete(_path(state, old["created"], confirmed=True))
     return state
 
@@ -156,12 +167,13 @@ def _clean_deleting(storage: Storage, config: TableConfig, state: str, _attempts
     return None
 
 
-def delete_savepoint(storage: Storage, when: Any) -> bool:
+def delete_savepoint(storage: Storage, when: Any, pending: bool = False) -> bool:
     """Stop keeping the savepoint's state (the next clean may delete its files, and reads
-    before the cleaner's window are refused again), pending files of it included; False if no
-    savepoint has that time."""
+    before the cleaner's window are refused again); False if no savepoint has that time. Its
+    pending files are deleted only with `pending`: the one of a maker still running is what
+    keeps the state until its savepoint is made (format.md §14.6)."""
     state = parse_time_option(when, "savepoint")
-    found = [(s, c, ok) for s, c, ok in savepoint_files(storage) if s == state]
-    for s, created, confirmed in found:
-        storage.delete(_path(s, created, confirmed))
+    found = [(s, c, made) for s, c, made in savepoint_files(storage) if s == state and (made or pending)]
+    for s, created, made in found:
+        storage.delete(_path(s, created, made))
     return bool(found)

@@ -432,8 +432,8 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
     timeline = timeline or Timeline.load(storage)
     if options.query_type == INCREMENTAL:
         return _plan_incremental(storage, config, options, timeline, index, pinned)
-    if options.as_of is not None:
-        check_readable(storage, timeline, options.as_of, "as_of")
+    if options.as_of is not None and check_readable(storage, timeline, options.as_of, "as_of"):
+        index = None  # a savepoint's read before the window: from the commit files (check_readable)
     view = table_view(storage, config, timeline, options.as_of, index)
     plan = ScanPlan(options, config, view.schema, output_schema(config, view.schema, options),
                     completion={i.instant: i.completion for i in view.completed},

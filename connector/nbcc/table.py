@@ -568,10 +568,12 @@ class Table:
         if its making was cut short: cleans keep its files until `delete_savepoint`)."""
         return list_savepoints(self.storage)
 
-    def delete_savepoint(self, as_of: Any) -> bool:
+    def delete_savepoint(self, as_of: Any, *, pending: bool = False) -> bool:
         """Stop keeping the savepoint with time `as_of` (the next clean may delete files only
-        it kept); False if there is no such savepoint."""
-        return delete_savepoint(self.storage, as_of)
+        it kept); False if there is no such savepoint. `pending=True`: its pending files too
+        (those of a making cut short), but only when no process is making it: a running
+        maker's pending file is what keeps its state until its savepoint is made."""
+        return delete_savepoint(self.storage, as_of, pending)
 
     def archive(self, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> dict[str, Any]:
         """Move instants older than the retained window into .nbcc/history/ (reads stay the same;
@@ -615,8 +617,8 @@ class Table:
         (format.md §18.5); with `check` (the option's name for errors), `when` must be readable."""
         index = self._index(None)
         timeline = Timeline.load(self.storage)
-        if check and when is not None:
-            check_readable(self.storage, timeline, when, check)
+        if check and when is not None and check_readable(self.storage, timeline, when, check):
+            index = None  # a savepoint's read before the window: from the commit files (check_readable)
         return table_view(self.storage, self.config, timeline, when, index)
 
     def plan(self, *, as_of: Any = None, query_type: str | None = None, begin: Any = None, end: Any = None,

@@ -289,22 +289,25 @@ def state_at(timeline: Timeline, when: str) -> str | None:
     return max((i.completion for i in timeline.completed() if i.completion <= when), default=None)
 
 
-def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -> None:
+def check_readable(storage: Storage, timeline: Timeline, when: str, name: str) -> bool:
     """Refuse a read as of `when` before the oldest readable state, unless a savepoint keeps
-    the state it would see (format.md §14.6)."""
+    the state it would see (format.md §14.6); True for such a savepoint's read. It is planned
+    from the commit files, not the metadata table (§18.5): the metadata table forgets the files
+    cleans delete, so a file missing would drop rows instead of failing the read."""
     oldest = oldest_readable(storage, timeline)
     if oldest is None:
         raise InvalidOptionError(f"{name}={when}: the table has no completed commits yet")
     if when < oldest:
         state, kept = state_at(timeline, when), savepoint_times(storage)
         if state is not None and state in kept:
-            return
+            return True
         why = ("the start of the window the cleaner retained; older files may have been deleted"
                if oldest == earliest_retained(storage, timeline) else "the first commit's completion")
         raise InvalidOptionError(
             f"{name}={when} is before the oldest state that can be read, {oldest} ({why}); "
             f"use a time at or after it{', or a savepoint (nbcc savepoints)' if kept else ''}"
         )
+    return False
 
 
 def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> str:
