@@ -157,6 +157,16 @@ def _faulty(table: nbcc.Table, faults: Faults) -> nbcc.Table:
     return nbcc.Table(FaultyStorage(table.uri, table.storage.storage_options, faults), table.config)
 
 
+@pytest.fixture
+def aged(local_table) -> tuple[str, nbcc.Table, str]:
+    """A table whose first state (its time returned) a clean retaining 1 commit would delete."""
+    uri, _ = local_table
+    table = new_table(uri)
+    state = completion(table, write(table, 0))
+    superseded(table)
+    return uri, table, state
+
+
 def superseded(table: nbcc.Table) -> None:
     """More commits and a compaction: a clean retaining 1 commit plans to delete the files so far."""
     for version in range(1, 3):
@@ -165,13 +175,10 @@ def superseded(table: nbcc.Table) -> None:
     write(table, 3)
 
 
-def test_a_savepoint_made_while_a_clean_plans_keeps_its_files(local_table):
+def test_a_savepoint_made_while_a_clean_plans_keeps_its_files(aged):
     # The clean listed the savepoints before this one existed; it finds it after publishing its
     # plan, before deleting, and keeps its files (recorded as kept).
-    uri, _ = local_table
-    table = new_table(uri)
-    kept_state = completion(table, write(table, 0))
-    superseded(table)
+    uri, table, kept_state = aged
     stall = Stall()
     cleaner = _faulty(table, Faults().plan("put", stall, where=r"\.clean\.requested$"))
     thread, out = _in_thread(lambda: cleaner.clean(retain_commits=1))
@@ -192,13 +199,10 @@ def test_a_savepoint_made_while_a_clean_plans_keeps_its_files(local_table):
     assert table.history(limit=1)[0].parameters["savepoints"] == [kept_state]
 
 
-def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and_not_kept(local_table):
-    # The savepoint's put lands after the clean published its plan (which lacks it) and listed
-    # the savepoints: the savepoint finds the clean, removes itself and says so.
-    uri, _ = local_table
-    table = new_table(uri)
-    old_state = completion(table, write(table, 0))
-    superseded(table)
+def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and_not_kept(aged):
+    # The savepoint's pending file lands after the clean published its plan (which lacks it)
+    # and listed the savepoints: the maker finds the clean, deletes its pending file and says so.
+    uri, table, old_state = aged
     put_savepoint, delete_files = Stall(), Stall()
     saver = _faulty(table, Faults().plan("put", put_savepoint, where=r"/savepoints/"))
     saving, saved = _in_thread(lambda: saver.savepoint(as_of=old_state))
@@ -218,14 +222,11 @@ def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and
         table.read(as_of=old_state)
 
 
-def test_two_makers_of_one_savepoint_each_get_their_own_verdict(local_table):
+def test_two_makers_of_one_savepoint_each_get_their_own_verdict(aged):
     # A's check runs after a clean that planned without the savepoint published its plan: A is
     # refused. B's check ran before that plan landed, so that clean found B's savepoint and kept
     # its files: B's savepoint stands, whatever A's refusal did.
-    uri, _ = local_table
-    table = new_table(uri)
-    state = completion(table, write(table, 0))
-    superseded(table)
+    uri, table, state = aged
     plan_put, a_check = Stall(), Stall()
     cleaner = _faulty(table, Faults().plan("put", plan_put, where=r"\.clean\.requested$"))
     cleaning, cleaned = _in_thread(lambda: cleaner.clean(retain_commits=1))
@@ -245,11 +246,8 @@ def test_two_makers_of_one_savepoint_each_get_their_own_verdict(local_table):
     assert rows(table, as_of=state) == [(i, 0) for i in range(6)]
 
 
-def test_a_savepoint_whose_check_fails_is_not_kept_and_one_left_pending_only_makes_cleans_keep_more(local_table):
-    uri, _ = local_table
-    table = new_table(uri)
-    state = completion(table, write(table, 0))
-    superseded(table)
+def test_a_savepoint_whose_check_fails_is_not_kept_and_one_left_pending_only_makes_cleans_keep_more(aged):
+    uri, table, state = aged
     lost = [ConnectionResetError(104, "injected: connection reset")] * 3  # every attempt of the storage call
     # The check cannot list the timeline: the error says so, and no savepoint is left.
     failing = _faulty(table, Faults().plan("list", None, *lost, where=r"/\.nbcc/timeline$"))
@@ -277,13 +275,10 @@ def test_a_savepoint_whose_check_fails_is_not_kept_and_one_left_pending_only_mak
     assert data_files(uri) < before
 
 
-def test_deleting_a_savepoint_while_it_is_made_leaves_the_maker_kept(local_table):
+def test_deleting_a_savepoint_while_it_is_made_leaves_the_maker_kept(aged):
     # The maker's pending file keeps the state from before its check until its savepoint is
     # made: a delete of the savepoint meanwhile does not take it away.
-    uri, _ = local_table
-    table = new_table(uri)
-    state = completion(table, write(table, 0))
-    superseded(table)
+    uri, table, state = aged
     check = Stall()
     maker = _faulty(table, Faults().plan("list", None, check, where=r"/\.nbcc/timeline$"))  # its check's listing
     making, made = _in_thread(lambda: maker.savepoint(as_of=state, user_metadata="m"))
