@@ -20,6 +20,7 @@ import threading
 from collections import Counter, deque
 from typing import Any, Callable
 
+import nbcc
 from nbcc.storage import Storage
 
 BEFORE, AFTER = "before", "after"
@@ -219,3 +220,22 @@ class _FaultyReader:
 
     def __getattr__(self, name: str) -> Any:  # seek, tell, close, closed
         return getattr(self._raw, name)
+
+
+def faulty_table(table: nbcc.Table, faults: Faults) -> nbcc.Table:
+    """The same table, seen through a storage that fails as `faults` says."""
+    return nbcc.Table(FaultyStorage(table.uri, table.storage.storage_options, faults), table.config)
+
+
+def in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run `call()` on a thread (started); the dict gets its "value" or its "error"."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = call()
+        except BaseException as exc:  # noqa: BLE001 (handed to the test)
+            out["error"] = exc
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, out

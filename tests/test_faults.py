@@ -34,7 +34,7 @@ import nbcc.clock
 import nbcc.table
 import nbcc.timeline
 import nbcc.writer
-from faults import AFTER, BEFORE, Faults, FaultyStorage, Stall
+from faults import AFTER, BEFORE, Faults, FaultyStorage, Stall, faulty_table, in_thread
 from nbcc.clock import TimeGenerator, parse_time
 from nbcc.config import TABLE_CONFIG_PATH
 from nbcc.storage import Storage
@@ -253,11 +253,6 @@ def test_a_writer_waits_for_a_killed_lock_holders_lease_and_then_commits(local_t
 COMPLETED_FILE = r"^(?!.*/\.nbcc/metadata/).*/timeline/\d{17}_\d{17}\.deltacommit$"  # the table's, not its metadata table's
 
 
-def faulty_table(table: nbcc.Table, faults: Faults) -> nbcc.Table:
-    """The same table, seen through a storage that fails as `faults` says."""
-    return nbcc.Table(FaultyStorage(table.uri, table.storage.storage_options, faults), table.config)
-
-
 def test_a_table_whose_creation_reply_was_lost_is_created(memory_uri, monkeypatch):
     # Without recognising its own file, the creator would be told its table already exists.
     faults = Faults().plan("put", AFTER, where=re.escape(TABLE_CONFIG_PATH))
@@ -374,18 +369,6 @@ def test_two_writers_that_compute_the_same_lock_state_never_both_get_a_time(memo
 LEASE_MS = 1000  # the smallest a table allows: each takeover below waits about one lease
 
 
-def _in_thread(call) -> tuple[threading.Thread, dict[str, Any]]:
-    out: dict[str, Any] = {}
-
-    def run():
-        try:
-            out["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 (handed to the test)
-            out["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
-
 
 def test_a_commit_published_after_a_compaction_that_missed_it_keeps_its_rows(local_table, caplog):
     uri, _ = local_table
@@ -393,7 +376,7 @@ def test_a_commit_published_after_a_compaction_that_missed_it_keeps_its_rows(loc
     stall = Stall()
     slow = faulty_table(table, Faults().plan("put", stall, where=COMPLETED_FILE))
     data, rows = ref.batch(KEYS[:10], "late")
-    writer, out = _in_thread(lambda: slow.write(data))
+    writer, out = in_thread(lambda: slow.write(data))
     assert stall.entered.wait(WAIT_S)
     # Another process takes the lock over once the lease ran out; its listing lacks the commit.
     tc = nbcc.Table.open(uri).schedule_compaction()
@@ -431,7 +414,7 @@ def test_a_write_whose_instant_was_published_after_its_lease_writes_nothing(loca
     stall = Stall()
     slow = faulty_table(table, Faults().plan("put", stall, where=r"timeline/\d{17}\.deltacommit\.requested$"))
     data, _ = ref.batch(KEYS[:10], "late")
-    writer, out = _in_thread(lambda: slow.write(data))
+    writer, out = in_thread(lambda: slow.write(data))
     assert stall.entered.wait(WAIT_S)
     ref.write(nbcc.Table.open(uri), KEYS[10:20], "other")  # takes the lock over meanwhile
     stall.release()
@@ -454,7 +437,7 @@ def test_a_rollback_mark_published_after_the_write_completed_deletes_nothing(loc
     files = writer.close()
     stall = Stall()
     slow = faulty_table(table, Faults().plan("put", stall, where=r"\.rolledback$"))
-    rollback, out = _in_thread(lambda: slow.rollback(txn.instant))
+    rollback, out = in_thread(lambda: slow.rollback(txn.instant))
     assert stall.entered.wait(WAIT_S)
     txn.commit(files)  # the writer takes the lock over and completes before the mark lands
     ref.apply(rows)

@@ -5,14 +5,13 @@ round, never ends up kept with files missing."""
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 import nbcc
-from faults import Faults, FaultyStorage, Stall
+from faults import Faults, Stall, faulty_table, in_thread
 from nbcc.timeline import read_commit_metadata
 
 SCHEMA = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("p", pa.string()), pa.field("v", pa.int64())])
@@ -140,23 +139,6 @@ def test_a_savepoint_is_refused_where_there_is_no_state_to_keep(tmp_path):
     assert json.loads(Path(table.uri, ".nbcc", "table.json").read_text())["format_version"] == 1
 
 
-def _in_thread(call):
-    out: dict = {}
-
-    def run():
-        try:
-            out["value"] = call()
-        except BaseException as exc:  # noqa: BLE001 - reported by the test
-            out["error"] = exc
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, out
-
-
-def _faulty(table: nbcc.Table, faults: Faults) -> nbcc.Table:
-    return nbcc.Table(FaultyStorage(table.uri, table.storage.storage_options, faults), table.config)
-
-
 @pytest.fixture
 def aged(local_table) -> tuple[str, nbcc.Table, str]:
     """A table whose first state (its time returned) a clean retaining 1 commit would delete."""
@@ -180,8 +162,8 @@ def test_a_savepoint_made_while_a_clean_plans_keeps_its_files(aged):
     # plan, before deleting, and keeps its files (recorded as kept).
     uri, table, kept_state = aged
     stall = Stall()
-    cleaner = _faulty(table, Faults().plan("put", stall, where=r"\.clean\.requested$"))
-    thread, out = _in_thread(lambda: cleaner.clean(retain_commits=1))
+    cleaner = faulty_table(table, Faults().plan("put", stall, where=r"\.clean\.requested$"))
+    thread, out = in_thread(lambda: cleaner.clean(retain_commits=1))
     assert stall.entered.wait(WAIT_S)
     assert table.savepoint(as_of=kept_state) == kept_state  # the clean's plan is not published yet
     stall.release()
@@ -204,11 +186,11 @@ def test_a_savepoint_that_a_clean_published_meanwhile_is_deleting_is_refused_and
     # and listed the savepoints: the maker finds the clean, deletes its pending file and says so.
     uri, table, old_state = aged
     put_savepoint, delete_files = Stall(), Stall()
-    saver = _faulty(table, Faults().plan("put", put_savepoint, where=r"/savepoints/"))
-    saving, saved = _in_thread(lambda: saver.savepoint(as_of=old_state))
+    saver = faulty_table(table, Faults().plan("put", put_savepoint, where=r"/savepoints/"))
+    saving, saved = in_thread(lambda: saver.savepoint(as_of=old_state))
     assert put_savepoint.entered.wait(WAIT_S)  # its checks passed: no clean yet
-    cleaner = _faulty(table, Faults().plan("delete", delete_files, where=r"/p=p\d/"))
-    cleaning, cleaned = _in_thread(lambda: cleaner.clean(retain_commits=1))
+    cleaner = faulty_table(table, Faults().plan("delete", delete_files, where=r"/p=p\d/"))
+    cleaning, cleaned = in_thread(lambda: cleaner.clean(retain_commits=1))
     assert delete_files.entered.wait(WAIT_S)  # plan published, savepoints listed, deleting
     put_savepoint.release()
     saving.join(WAIT_S)
@@ -228,11 +210,11 @@ def test_two_makers_of_one_savepoint_each_get_their_own_verdict(aged):
     # its files: B's savepoint stands, whatever A's refusal did.
     uri, table, state = aged
     plan_put, a_check = Stall(), Stall()
-    cleaner = _faulty(table, Faults().plan("put", plan_put, where=r"\.clean\.requested$"))
-    cleaning, cleaned = _in_thread(lambda: cleaner.clean(retain_commits=1))
+    cleaner = faulty_table(table, Faults().plan("put", plan_put, where=r"\.clean\.requested$"))
+    cleaning, cleaned = in_thread(lambda: cleaner.clean(retain_commits=1))
     assert plan_put.entered.wait(WAIT_S)  # planned, with no savepoint
-    maker_a = _faulty(table, Faults().plan("list", None, a_check, where=r"/\.nbcc/timeline$"))
-    making, made = _in_thread(lambda: maker_a.savepoint(as_of=state, user_metadata="a"))
+    maker_a = faulty_table(table, Faults().plan("list", None, a_check, where=r"/\.nbcc/timeline$"))
+    making, made = in_thread(lambda: maker_a.savepoint(as_of=state, user_metadata="a"))
     assert a_check.entered.wait(WAIT_S)  # A's pending file is written; its check waits
     assert table.savepoint(as_of=state, user_metadata="b") == state  # B
     plan_put.release()
@@ -250,14 +232,14 @@ def test_a_savepoint_whose_check_fails_is_not_kept_and_one_left_pending_only_mak
     uri, table, state = aged
     lost = [ConnectionResetError(104, "injected: connection reset")] * 3  # every attempt of the storage call
     # The check cannot list the timeline: the error says so, and no savepoint is left.
-    failing = _faulty(table, Faults().plan("list", None, *lost, where=r"/\.nbcc/timeline$"))
+    failing = faulty_table(table, Faults().plan("list", None, *lost, where=r"/\.nbcc/timeline$"))
     with pytest.raises(nbcc.StorageError, match="connection reset"):
         failing.savepoint(as_of=state)
     assert table.savepoints() == []
     # A maker cut short after its check, before it could confirm or tidy up (as a crash would):
     # its pending file is listed as such; reads before the window do not trust it, cleans keep
     # its state's files until it is deleted.
-    cut = _faulty(table, Faults().plan("put", None, *lost, where=r"/savepoints/"))
+    cut = faulty_table(table, Faults().plan("put", None, *lost, where=r"/savepoints/"))
     with pytest.raises(nbcc.StorageError, match="may or may not have been made .* its pending file stays"):
         cut.savepoint(as_of=state)
     assert [(s["as_of"], s["confirmed"]) for s in table.savepoints()] == [(state, False)]
@@ -280,8 +262,8 @@ def test_deleting_a_savepoint_while_it_is_made_leaves_the_maker_kept(aged):
     # made: a delete of the savepoint meanwhile does not take it away.
     uri, table, state = aged
     check = Stall()
-    maker = _faulty(table, Faults().plan("list", None, check, where=r"/\.nbcc/timeline$"))  # its check's listing
-    making, made = _in_thread(lambda: maker.savepoint(as_of=state, user_metadata="m"))
+    maker = faulty_table(table, Faults().plan("list", None, check, where=r"/\.nbcc/timeline$"))  # its check's listing
+    making, made = in_thread(lambda: maker.savepoint(as_of=state, user_metadata="m"))
     assert check.entered.wait(WAIT_S)
     assert not table.delete_savepoint(state)  # no savepoint made yet; the pending file is the maker's
     table.clean(retain_commits=1)

@@ -600,11 +600,10 @@ def test_claims_all_tasks_of_a_batch_share_one_instant_and_a_commit_happens_once
 def test_claims_an_instant_published_after_the_lease_is_rolled_back_and_claimed_anew(tmp_path):
     # The claimant's .requested put outlasted the lock's lease while another writer took the lock
     # over: a compaction scheduled then would not have seen the instant pending (format.md §17.1).
-    from faults import Faults, FaultyStorage, Stall
+    from faults import Faults, Stall, faulty_table
     table = nbcc.Table.create(str(tmp_path / "t"), ARROW_SCHEMA, "id", ordering_field="ts", lock_lease_ms=1000)
     stall = Stall()
-    slow = nbcc.Table(FaultyStorage(table.uri, {}, Faults().plan("put", stall, where=r"\.deltacommit\.requested$")),
-                      table.config)
+    slow = faulty_table(table, Faults().plan("put", stall, where=r"\.deltacommit\.requested$"))
     claims = []
     claimant = threading.Thread(target=lambda: claims.append(
         claim_batch(slow.storage, slow.clock, "s1", 0, "deltacommit")), daemon=True)

@@ -44,6 +44,7 @@ from .timeline import (
     create_completed,
     earliest_retained,
     is_completed,
+    read_cleans,
     read_compaction_plan,
     savepoint_times,
 )
@@ -209,18 +210,26 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     body = {"instant": instant, "earliest_retained": window, "delete": [list(d) for d in plan.delete],
             "savepoints": plan.savepoints}
     storage.put_if_absent(f"{TIMELINE_DIR}/{instant}.{CLEAN}.{REQUESTED}", json.dumps(body).encode())
-    kept = kept_by_new_savepoints(storage, config, plan.savepoints, window)  # after the put (§14.6)
-    delete = [d for d in plan.delete if d not in kept]
-    for n, (part, name) in enumerate(delete, 1):
-        storage.delete(data_file_path(part, name))
-        if progress is not None:
-            progress(n, len(delete))
-    spared = [list(d) for d in plan.delete if d in kept]
-    result.update(instant=instant, deleted=[list(d) for d in delete], **({"kept": spared} if spared else {}))
+    result.update(instant=instant, **_delete_planned(storage, config, body, progress))
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
     _index_in_step(storage)
     return {**result, "retain_commits_start": plan.earliest_retained}
+
+
+def _delete_planned(storage: Storage, config: TableConfig, plan: dict[str, Any],
+                    progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    """Delete the files of a published clean plan (`<Tcl>.clean.requested`'s content), but for
+    those of savepoints made since it was planned (format.md §14.3 step 4); the completed
+    clean's `deleted` and, if any, `kept`."""
+    kept = kept_by_new_savepoints(storage, config, plan.get("savepoints", []), plan["earliest_retained"])
+    delete = [d for d in plan["delete"] if tuple(d) not in kept]
+    for n, (part, name) in enumerate(delete, 1):
+        storage.delete(data_file_path(part, name))
+        if progress is not None:
+            progress(n, len(delete))
+    spared = [d for d in plan["delete"] if tuple(d) in kept]
+    return {"deleted": delete, **({"kept": spared} if spared else {})}
 
 
 def _index_in_step(storage: Storage) -> None:
@@ -265,21 +274,11 @@ def _remove_stale_heartbeats(storage: Storage) -> None:
 def _finish_pending_cleans(storage: Storage, config: TableConfig, clock: TimeGenerator) -> None:
     """Complete cleans that a crash left requested (their deletes are idempotent), keeping the
     files of savepoints their plans did not know."""
-    for inst in Timeline.load(storage).pending():
-        if inst.action != CLEAN:
+    for inst, plan in read_cleans(storage, Timeline.load(storage)):
+        if inst.is_completed:
             continue
-        try:
-            body = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))
-        except FileNotFoundError:
-            continue
-        planned_with = body.get("savepoints", [])
-        kept = kept_by_new_savepoints(storage, config, planned_with, body["earliest_retained"])
-        delete = [d for d in body["delete"] if tuple(d) not in kept]
-        spared = [d for d in body["delete"] if tuple(d) in kept]
-        for part, name in delete:
-            storage.delete(data_file_path(part, name))
-        result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": body["earliest_retained"],
-                  "deleted": delete, "rolled_back": [], "files": [], "savepoints": planned_with,
-                  **({"kept": spared} if spared else {})}
+        result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": plan["earliest_retained"],
+                  "rolled_back": [], "files": [], "savepoints": plan.get("savepoints", []),
+                  **_delete_planned(storage, config, plan)}
         _complete_clean(storage, clock, inst.instant, result)
         _index_in_step(storage)

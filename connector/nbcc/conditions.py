@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import InvalidOptionError
-from .expr import OPERATOR_ALIASES, supported_type
+from .expr import OPERATOR_ALIASES, PLAIN_NAME, supported_type
 
 _CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != <> < <= > >=), COLUMN in V1,V2, COLUMN not in V1,V2 "
                     "or COLUMN is [not] null")
@@ -195,7 +195,7 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
                 "'b'), COLUMN BETWEEN 'a' AND 'b', COLUMN IS [NOT] NULL, a COLUMN holding spaces in backticks: "
                 "`order day`; OR, LIKE and functions are not supported)") from None
         column = unmasked(column)
-        if not re.fullmatch(rf"{_QUOTED_NAME}|[A-Za-z_][A-Za-z0-9_]*", column):
+        if not (re.fullmatch(_QUOTED_NAME, column) or PLAIN_NAME.fullmatch(column)):
             raise InvalidOptionError(f"{column!r} is not a column name: functions and expressions are "
                                      "not supported, only a partition column (in backticks if its name holds "
                                      "spaces: `order date`)")

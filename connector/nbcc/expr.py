@@ -290,7 +290,7 @@ def describe(spec: Any) -> str:
     parts = []
     for item in items:
         if isinstance(item, pc.Expression):
-            parts.append(" ".join(str(item).split()))
+            parts.append(describe_expression(item))
             continue
         column, op = sql_name(item[0]), canonical_operator(item[1])
         value = item[2] if len(item) == 3 else None
@@ -313,9 +313,18 @@ def cut_description(text: str) -> str:
     return text if len(text) <= _DESCRIBED_CHARS else text[:_DESCRIBED_CHARS - 3] + "..."
 
 
+def describe_expression(expression: pc.Expression) -> str:
+    """A pyarrow expression as pyarrow prints it, on one line."""
+    return " ".join(str(expression).split())
+
+
+# A column name SQL reads without backticks.
+PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
 def sql_name(column: str) -> str:
     """`column` as SQL (and nbcc's conditions) read it back: in backticks unless a plain name."""
-    return column if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", column) else "`" + column.replace("`", "``") + "`"
+    return column if PLAIN_NAME.fullmatch(column) else "`" + column.replace("`", "``") + "`"
 
 
 def sql_literal(value: Any) -> str:

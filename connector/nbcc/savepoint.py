@@ -28,30 +28,20 @@ from .clock import TimeGenerator, parse_time_option
 from .config import SAVEPOINT_VERSION, TableConfig, raise_format_version
 from .errors import CommitError, InvalidOptionError, StorageError
 from .storage import Storage
-from .timeline import (
-    CLEAN,
-    DATA_ACTIONS,
-    REQUESTED,
-    SAVEPOINT_DIR,
-    TIMELINE_DIR,
-    Timeline,
-    committed_by,
-    read_commit_metadata,
-    savepoint_files,
-    savepoint_times,
-)
+from .timeline import DATA_ACTIONS, SAVEPOINT_DIR, Timeline, committed_by, read_cleans, savepoint_files
 from .view import oldest_readable, state_at
 
 _LAST_TIME = "99991231235959999"
 log = logging.getLogger(__name__)
 
 
-def list_savepoints(storage: Storage) -> list[dict[str, Any]]:
+def list_savepoints(storage: Storage, files: list[tuple[str, str, bool]] | None = None) -> list[dict[str, Any]]:
     """Each savepoint's record, oldest state first: `as_of` (its state's time S), `created`
     (when it was made), `host`/`user`, `user_metadata` if given, and `confirmed`: False for one
-    being made, or left pending by a creation that crashed (delete it to let cleans go on)."""
+    being made, or left pending by a creation that crashed (delete it to let cleans go on).
+    `files`: those of `savepoint_files` to read (default: all)."""
     out = []
-    for state, created, confirmed in savepoint_files(storage):
+    for state, created, confirmed in savepoint_files(storage) if files is None else files:
         try:
             record = json.loads(storage.read_bytes(_path(state, created, confirmed)))
         except FileNotFoundError:  # deleted since the listing (a pending one: confirmed meanwhile)
@@ -82,7 +72,8 @@ def create_savepoint(storage: Storage, config: TableConfig, clock: TimeGenerator
     if state is None or state < min(data):
         raise InvalidOptionError(f"as_of={as_of}: no commit had completed by then (the first completed at "
                                  f"{min(data)})")
-    existing = [r for r in list_savepoints(storage) if r["as_of"] == state and r["confirmed"]]
+    of_state = [f for f in savepoint_files(storage) if f[0] == state]
+    existing = list_savepoints(storage, [f for f in of_state if f[2]])  # made ones
     if existing and (user_metadata is None or any(r.get("user_metadata") == user_metadata for r in existing)):
         return state
     # Else (another note) it is made again, which its kept files let happen whatever the window,
@@ -90,7 +81,7 @@ def create_savepoint(storage: Storage, config: TableConfig, clock: TimeGenerator
     oldest = oldest_readable(storage, timeline)
     # A state that a pending savepoint file has kept may be made again (the check below finds
     # any clean that deleted its files before the file landed).
-    if oldest is not None and state < oldest and state not in savepoint_times(storage, pending=True):
+    if oldest is not None and state < oldest and not of_state:
         raise InvalidOptionError(
             f"{'the latest state' if as_of is None else f'as_of={as_of}: the state then'} ({state}) is before "
             f"the window the cleaner retained, which starts at {oldest}: its files may be deleted already. Only "
@@ -139,27 +130,18 @@ def _remove_quietly(storage: Storage, path: str) -> None:
                     "until it is deleted (nbcc delete-savepoint)", path, exc)
 
 
-def _clean_deleting(storage: Storage, config: TableConfig, state: str, _attempts: int = 3) -> str | None:
+def _clean_deleting(storage: Storage, config: TableConfig, state: str) -> str | None:
     """The first clean, pending or completed, that planned without the savepoint at `state` and
     plans to delete a file that reads as of it open; None if there is none."""
     timeline = Timeline.load(storage)
     needed: set[tuple[str, str]] | None = None
-    for inst in timeline.instants:
-        if inst.action != CLEAN:
-            continue
-        try:
-            body = (read_commit_metadata(storage, inst) if inst.is_completed else
-                    json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}")))
-        except FileNotFoundError:  # completed since the listing: look again
-            if _attempts > 0:
-                return _clean_deleting(storage, config, state, _attempts - 1)
-            raise
-        window = body.get("earliest_retained")
-        if window is None or window <= state or state in body.get("savepoints", ()):
+    for inst, record in read_cleans(storage, timeline):
+        window = record.get("earliest_retained")
+        if window is None or window <= state or state in record.get("savepoints", ()):
             continue  # it kept every state from its window on, or this one
         # Its plan: a completed clean's run kept the files of savepoints it found, but another
         # run finishing it may not have (format.md §14.3), so what it deleted is not enough.
-        planned = body["delete"] if not inst.is_completed else body.get("deleted", []) + body.get("kept", [])
+        planned = record["delete"] if not inst.is_completed else record.get("deleted", []) + record.get("kept", [])
         if needed is None:
             needed = files_of_state(storage, config, timeline, state)
         if any(tuple(d) in needed for d in planned):

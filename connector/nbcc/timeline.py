@@ -377,24 +377,29 @@ def savepoint_times(storage: Storage, pending: bool = False) -> list[str]:
     return sorted({s for s, _, confirmed in savepoint_files(storage) if confirmed or pending})
 
 
-def earliest_retained(storage: Storage, timeline: Timeline, _attempts: int = 3) -> str | None:
-    """The start of the window the cleaner retained (None if no clean ran): the greatest
-    `earliest_retained` of every clean, pending ones included (a pending clean may already be
-    deleting). Reads before it are refused."""
-    best = None
+def read_cleans(storage: Storage, timeline: Timeline, _attempts: int = 3) -> list[tuple[Instant, dict[str, Any]]]:
+    """Every clean on `timeline` with its record: a completed one's metadata, a pending one's
+    plan (`<Tcl>.clean.requested`: `earliest_retained`, `delete`, `savepoints`). A plan gone
+    since the listing means that clean completed meanwhile: the timeline is listed again."""
+    out = []
     for inst in timeline.instants:
         if inst.action != CLEAN:
             continue
         if inst.is_completed:
-            since = read_commit_metadata(storage, inst).get("earliest_retained")
-        else:
-            try:
-                since = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))[
-                    "earliest_retained"]
-            except FileNotFoundError:  # it completed meanwhile: look again
-                if _attempts > 0:
-                    return earliest_retained(storage, Timeline.load(storage), _attempts - 1)
-                raise
-        if since and (best is None or since > best):
-            best = since
-    return best
+            out.append((inst, read_commit_metadata(storage, inst)))
+            continue
+        try:
+            out.append((inst, json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))))
+        except FileNotFoundError:
+            if _attempts > 0:
+                return read_cleans(storage, Timeline.load(storage), _attempts - 1)
+            raise
+    return out
+
+
+def earliest_retained(storage: Storage, timeline: Timeline) -> str | None:
+    """The start of the window the cleaner retained (None if no clean ran): the greatest
+    `earliest_retained` of every clean, pending ones included (a pending clean may already be
+    deleting). Reads before it are refused."""
+    return max((w for _, record in read_cleans(storage, timeline) if (w := record.get("earliest_retained"))),
+               default=None)

@@ -25,7 +25,7 @@ import pyarrow.dataset as ds
 
 from .config import COMMIT_TIME, PARTIAL_UPDATE, TableConfig
 from .errors import InvalidOptionError
-from .expr import cut_description, sql_literal, sql_name
+from .expr import cut_description, describe_expression, sql_literal, sql_name
 from .schema import is_reserved
 
 _EXAMPLE = "e.g. {'status': 'shipped', 'price': pc.field('price') * 1.1}"
@@ -123,6 +123,6 @@ def describe_updates(updates: Mapping[str, pa.Scalar | pc.Expression]) -> str:
     history`): literals as written, `status = 'shipped', price = multiply_checked(price, 1.1)`."""
     def text(value: Any) -> str:
         if isinstance(value, pc.Expression):
-            return " ".join(str(value).split())
+            return describe_expression(value)
         return sql_literal(value.as_py() if isinstance(value, pa.Scalar) else value)
     return cut_description(", ".join(f"{sql_name(column)} = {text(value)}" for column, value in updates.items()))

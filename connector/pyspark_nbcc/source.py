@@ -318,9 +318,8 @@ class DefaultSource(DataSource):
         # A partition deletion writes no file: its instant begins at commit, once its rows have
         # named partitions (none named: nothing is committed, the format version stays).
         start = table.prepare_write if operation == DELETE_PARTITION else table.begin_write
-        txn = start(arrow_schema, operation, overwrite=overwrite,
-                                partition_overwrite_mode=partition_overwrite_mode, replace_where=replace,
-                                user_metadata=user_metadata, type_widening=type_widening)
+        txn = start(arrow_schema, operation, overwrite=overwrite, partition_overwrite_mode=partition_overwrite_mode,
+                    replace_where=replace, user_metadata=user_metadata, type_widening=type_widening)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger, replace)
 
     def streamWriter(self, schema: StructType, overwrite: bool):
@@ -581,9 +580,7 @@ class NbccWriter(DataSourceArrowWriter):
             extra = {"replace_where": self.replace_where.text}
         self.txn.commit([f for m in messages if m is not None for f in m.files], extra, partitions=partitions,
                         match=match)
-        every, inline = self.compaction_trigger
-        maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
-                      f"the Spark write's commit {self.txn.instant}", log)
+        self._compact_if_due(f"the Spark write's commit {self.txn.instant}")
 
     def _commit_deletion(self, partitions: list[str]) -> None:
         if not partitions:
@@ -591,9 +588,12 @@ class NbccWriter(DataSourceArrowWriter):
                      "nothing was deleted or committed")
             return
         instant = Table(self.storage, self.config).commit_deletion(self.txn, partitions)
+        self._compact_if_due(f"the Spark partition deletion {instant}")
+
+    def _compact_if_due(self, after: str) -> None:
+        """Schedule (and run, inline) a compaction if the write's trigger options say it is due."""
         every, inline = self.compaction_trigger
-        maybe_compact(self.storage, self.config, self.txn.clock, every, inline,
-                      f"the Spark partition deletion {instant}", log)
+        maybe_compact(self.storage, self.config, self.txn.clock, every, inline, after, log)
 
     def abort(self, messages: list[NbccCommitMessage | None]) -> None:
         if not self.txn.instant:  # a partition deletion, which begins at commit: nothing to undo
