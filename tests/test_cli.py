@@ -692,9 +692,19 @@ def test_delete_partitions_takes_every_partition_type_and_quoted_values(local_ta
     assert deleted("region not in 'eu west', x", "at >= 2026-01-01 01:00:00") == [1]  # not the null region
     assert deleted("amount is null") == [4]
     code, out, err = run(capsys, "delete-partitions", uri, "--where", "amount = lots")
-    assert code == 1 and "condition on 'amount': 'lots' is not a value of type decimal128(10, 2)" in err
+    assert code == 1 and "filter on 'amount' (decimal128(10, 2)): 'lots' is not a decimal number" in err
     code, out, err = run(capsys, "delete-partitions", uri, "--where", "region = ")
     assert code == 2 and "give COLUMN OP VALUE" in err  # an empty value is a mistake, not ''
+    # History records each condition as a condition that can be given again.
+    conditions = [c.parameters["condition"] for c in reversed(table.history())
+                  if c.operation == "delete_partition"]
+    assert conditions == ["at < '2026-01-01T00:30:00Z'", "region IN ('eu,north', 'x')",
+                          "amount = 0.5 AND flag = false", "region NOT IN ('eu west', 'x') AND at >= '2026-01-01 01:00:00'",
+                          "amount IS NULL"]
+    for condition in conditions:
+        code, out, err = run(capsys, "delete-partitions", uri, "--dry-run", *[
+            a for c in condition.split(" AND ") for a in ("--where", c.replace("IN (", "in ").rstrip(")"))])
+        assert code == 0 and err == "", (condition, err)
 
 
 def test_a_time_with_a_zone_matches_a_timestamp_column_without_one_at_its_utc_wall_time(local_table, capsys):

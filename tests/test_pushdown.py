@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from contextlib import contextmanager
+from decimal import Context, Decimal
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +18,8 @@ from pyspark.sql import functions as F
 
 import nbcc
 import nbcc.writer
+from nbcc.index_view import load_index
+from nbcc.timeline import read_commit_metadata
 from nbcc.expr import OPERATORS
 
 PUSHDOWN = "spark.sql.python.filterPushdown.enabled"
@@ -880,3 +883,188 @@ def test_a_filter_is_described_as_given_in_sqls_spelling_for_the_history():
     long = describe([pc.field("s") == "y" * 3000])
     assert len(long) == 1000 and long.endswith("...")
     assert describe("day = '" + "x" * 2000 + "'") == "day = '" + "x" * 990 + "..."
+
+
+# -- timestamps and decimals: compared exactly, as SQL compares them, and pruned by statistics ----
+
+UTC = dt.timezone.utc
+T0 = dt.datetime(2026, 11, 20, tzinfo=UTC)
+TD = pa.schema([("id", pa.int64()), ("seq", pa.int64()), ("at", pa.timestamp("ms", tz="UTC")),
+                ("wall", pa.timestamp("ns")), ("amount", pa.decimal128(10, 2)), ("big", pa.decimal128(38, 4))])
+
+
+def _td_rows(keys):
+    """Bucket b's rows: `at` on day b, `amount` in [100 b, 100 b + 1), `wall` on day b at a
+    nanosecond off the microsecond, `big` past what a float or Python's default context holds."""
+    rows = []
+    for b, ks in keys.items():
+        for j, k in enumerate(ks):
+            rows.append({"id": k, "seq": 1, "at": T0 + dt.timedelta(days=b, milliseconds=j),
+                         "wall": pa.scalar(int((T0 + dt.timedelta(days=b)).timestamp()) * 10**9 + 1000 * j + 7,
+                                           pa.timestamp("ns")),
+                         "amount": Decimal(100 * b) + Decimal(j) / 100,
+                         "big": Decimal(10**30 * b + j) + Decimal("0.0001")})
+    return rows
+
+
+def _td_arrow_rows(table):
+    """`_arrow_rows` with `wall` as integers: its nanoseconds have no Python datetime."""
+    at = table.schema.get_field_index("wall")
+    return _arrow_rows(table.set_column(at, "wall", table.column(at).cast(pa.int64())))
+
+
+def _ns(text):
+    """An ISO time (UTC) as a nanosecond timestamp scalar with a zone: the finer type the
+    references compare in."""
+    return pc.cast(pa.array([text + "Z"]), pa.timestamp("ns", "UTC"))[0]
+
+
+def test_python_timestamp_and_decimal_filters_compare_exactly_and_skip_by_statistics(tmp_path):
+    table = nbcc.Table.create(str(tmp_path / "t"), TD, "id", buckets=4, ordering_field="seq")
+    keys = _keys_by_bucket(4, 10)
+    fg = {b: nbcc.file_group_id(b) for b in range(4)}
+    table.write(pa.Table.from_pylist(_td_rows(keys), schema=TD))
+    at_ns, dec = pc.field("at").cast(pa.timestamp("ns", "UTC")), pc.field("amount").cast(pa.decimal128(38, 4))
+    wall_us = pc.field("wall")
+
+    def d(text):
+        return pa.scalar(Decimal(text), pa.decimal128(38, 4))
+
+    day3 = T0 + dt.timedelta(days=3)
+    cases = [  # (filter tuple, reference on the unfiltered rows, the file groups statistics leave)
+        (("at", ">=", day3), pc.field("at") >= pa.scalar(day3, TD.field("at").type), {fg[3]}),
+        (("at", ">=", "2026-11-23"), pc.field("at") >= pa.scalar(day3, TD.field("at").type), {fg[3]}),  # UTC
+        (("at", "<", "2026-11-20T00:00:00.0025Z"), at_ns < _ns("2026-11-20T00:00:00.0025"), {fg[0]}),
+        (("at", ">", "2026-11-20T00:00:00.0025+00:00"), at_ns > _ns("2026-11-20T00:00:00.0025"), set(fg.values())),
+        (("at", "=", "2026-11-20T00:00:00.0025Z"), at_ns == _ns("2026-11-20T00:00:00.0025"), set()),
+        (("at", "!=", "2026-11-20T00:00:00.0025Z"), at_ns != _ns("2026-11-20T00:00:00.0025"), set(fg.values())),
+        (("at", "<=", dt.datetime(2026, 11, 20, 1, 0, 0, 1000, tzinfo=dt.timezone(dt.timedelta(hours=1)))),
+         at_ns <= _ns("2026-11-20T00:00:00.001"), {fg[0]}),
+        (("at", "in", [T0 + dt.timedelta(days=2, milliseconds=4), "2026-11-21T00:00:00.0005Z", None]),
+         at_ns.isin(pa.array([_ns("2026-11-22T00:00:00.004"), _ns("2026-11-21T00:00:00.0005")])), {fg[2]}),
+        (("at", "not_in", [T0, "2026-11-21T00:00:00.0005Z"]), (at_ns != _ns("2026-11-20T00:00:00")) & at_ns.is_valid(),
+         set(fg.values())),
+        (("wall", ">", "2026-11-21T00:00:00.000002007"),
+         wall_us > pc.cast(pa.array(["2026-11-21T00:00:00.000002007"]), pa.timestamp("ns"))[0], {fg[1], fg[2], fg[3]}),
+        (("wall", "=", dt.datetime(2026, 11, 21, 1, tzinfo=dt.timezone(dt.timedelta(hours=1)))),  # its UTC wall time
+         wall_us == pa.scalar(dt.datetime(2026, 11, 21), pa.timestamp("ns")), set()),
+        (("wall", "<", "3000-01-01"), wall_us.is_valid(), set(fg.values())),  # past the nanoseconds' range
+        (("amount", "<", Decimal("100")), dec < d("100"), {fg[0]}),
+        (("amount", ">", "200.005"), dec > d("200.005"), {fg[2], fg[3]}),
+        (("amount", ">=", "300.085"), dec >= d("300.085"), {fg[3]}),
+        (("amount", "in", ["100.5", 200, "100.01", "1.005"]), dec.isin(pa.array([d("200"), d("100.01")])),
+         {fg[1], fg[2]}),
+        (("amount", "=", "99999999999"), dec == d("99999999999"), set()),  # more digits than decimal(10, 2) holds
+        (("amount", ">", -10**20), dec.is_valid(), set(fg.values())),
+        (("amount", "<", "1e999999999"), dec.is_valid(), set(fg.values())),  # decided without 10**999999999
+        (("amount", ">", "1e-999999999"), dec > d("0"), set(fg.values())),
+        (("big", "=", Decimal(10**30 * 2 + 3) + Decimal("0.0001")),
+         pc.field("big") == pa.scalar(Decimal(10**30 * 2 + 3) + Decimal("0.0001"), pa.decimal128(38, 4)), {fg[2]}),
+    ]
+    for when in ("one commit", "moved and stale values", "compacted", "with the metadata table"):
+        everything = table.read()
+        for spec, ref, groups in cases:
+            expected = _td_arrow_rows(everything.filter(ref))
+            assert _td_arrow_rows(table.read(filter=[spec])) == expected, (when, spec)
+            if when in ("one commit", "with the metadata table"):
+                assert _groups(table.plan(filter=[spec])) == groups, (when, spec)
+        if when == "one commit":
+            # k0 moves from bucket 0's ranges to bucket 3's; a stale write to k1 (older seq) loses.
+            k0, k1 = keys[0][0], keys[1][0]
+            table.write(pa.Table.from_pylist([
+                {"id": k0, "seq": 2, "at": day3, "wall": None, "amount": Decimal("399.99"), "big": None},
+                {"id": k1, "seq": 0, "at": T0, "wall": None, "amount": Decimal("0.5"), "big": Decimal(1)}], schema=TD))
+            assert table.read(filter=[("at", "<", "2026-11-20T00:00:00.0025Z")]).column("id").to_pylist() \
+                == [k for k in keys[0][1:3]]
+        elif when == "moved and stale values":
+            assert table.compact() is not None
+        elif when == "compacted":
+            # Statistics from the metadata table's column_stats instead of the commit files:
+            # only a fresh table of the same rows prunes as the first commit did.
+            table = nbcc.Table.create(str(tmp_path / "indexed"), TD, "id", buckets=4, ordering_field="seq")
+            table.build_index(["files", "column_stats"])
+            table.write(pa.Table.from_pylist(_td_rows(keys), schema=TD))
+            assert table.index_state()["partitions"]["column_stats"] == "ready"
+    # The statistics as recorded (format.md §7.3), the same from the commit file and the index.
+    write = [i for i in table.timeline() if i.action == "deltacommit"][-1]
+    f = next(f for f in read_commit_metadata(table.storage, write)["files"] if f["name"].startswith(fg[3]))
+    rows = [r for r in _td_rows(keys) if r["id"] in keys[3]]
+    assert f["stats"]["at"] == {"min": int(day3.timestamp() * 1000), "max": int(day3.timestamp() * 1000) + 9,
+                                "nulls": 0}
+    assert f["stats"]["amount"] == {"min": "300.00", "max": "300.09", "nulls": 0}
+    assert f["stats"]["wall"]["min"] == min(r["wall"].value for r in rows)
+    index = load_index(table.storage, None, ["files", "column_stats"])
+    assert index.file_stats(f["partition"], f["name"], {x.name: x.type for x in TD}) == f["stats"]
+
+
+def test_python_timestamp_and_decimal_filter_errors_say_what_to_give(tmp_path):
+    table = nbcc.Table.create(str(tmp_path / "t"), TD, "id")
+    for spec, words in [(("amount", "=", 9.99), "a float holds another number than the one it prints: "
+                                                "give Decimal('9.99') or '9.99'"),
+                        (("amount", "in", ["1", "lots"]), "'lots' is not a decimal number"),
+                        (("at", "=", dt.date(2026, 11, 20)), "is not a timestamp: give a datetime or ISO-8601 text"),
+                        (("at", ">", "tomorrow"), "'tomorrow' is not a timestamp"),
+                        # ISO's basic form: Python 3.11 reads it, but only to the microsecond
+                        (("at", ">", "20261120T101500.123456789Z"), "is not a timestamp"),
+                        (("at", ">", "2026-11-31"), "is not a timestamp"),
+                        (("at", "starts_with", "2026"), "needs a string column")]:
+        with pytest.raises(nbcc.InvalidOptionError) as err:
+            table.read(filter=[spec])
+        assert words in str(err.value), spec
+
+
+def test_spark_timestamp_and_decimal_filters_are_pushed_exactly_in_any_session_time_zone(spark, tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("at", pa.timestamp("us", tz="UTC")), ("wall", pa.timestamp("us")),
+                        ("ms", pa.timestamp("ms", tz="Europe/Paris")), ("n", pa.timestamp("ns", tz="UTC")),
+                        ("amount", pa.decimal128(10, 2)), ("p", pa.timestamp("us", tz="UTC")),
+                        ("big", pa.decimal128(38, 4))])
+    keys = _keys_by_bucket(4, 4)
+    big = Decimal("1234567890123456789012345678901.2345")  # 35 digits: PySpark rounds such values to 28
+    exact = Context(prec=60)  # Python's default context rounds sums to 28 digits too
+    old = [dt.datetime(2, 1, 1), dt.datetime(1582, 10, 10, 12), dt.datetime(1900, 1, 1), dt.datetime(9999, 12, 31)]
+    rows = []
+    for b, ks in keys.items():
+        for j, k in enumerate(ks):
+            when = (T0 + dt.timedelta(days=b, microseconds=j)).replace(tzinfo=None) if b else old[j]
+            rows.append({"id": k, "at": when.replace(tzinfo=UTC), "wall": when, "ms": when.replace(tzinfo=UTC),
+                         "n": pa.scalar(int(when.replace(tzinfo=UTC).timestamp()) * 10**9 + 1000 * j + 1,
+                                        pa.timestamp("ns", "UTC")) if b else None,
+                         "amount": Decimal(100 * b) + Decimal(j) / 100, "p": T0 + dt.timedelta(days=b % 2),
+                         "big": exact.add(big, Decimal(b) + Decimal(j) / 10**4)})
+    uri = str(tmp_path / "t")
+    nbcc.Table.create(uri, schema, "id", partition_by="p", buckets=4).write(pa.Table.from_pylist(rows, schema=schema))
+    at3 = "TIMESTAMP'2026-11-23 00:00:00+00:00'"
+    # Bucket 0 holds times from year 2 to 9999 and amounts 0.00-0.03, bucket b > 0 times on day b
+    # and amounts 100 b + 0.00-0.03; partition p is day b % 2.
+    cases = {  # where -> the file groups it leaves (Spark partitions with max_partition_bytes=1)
+        f"at >= {at3}": 2,
+        # A TIMESTAMP value before 1900 may reach nbcc as another time (_SAFE_TIMESTAMPS_FROM): Spark applies it.
+        "at < TIMESTAMP'1582-10-11 00:00:00+00:00'": 4,
+        "at = TIMESTAMP'1582-10-10 12:00:00+00:00'": 4, "at = TIMESTAMP'0002-01-01 00:00:00+00:00'": 4,
+        "at > TIMESTAMP'9999-12-30 00:00:00+00:00'": 1, "at IN (TIMESTAMP'1900-01-01 00:00:00Z', " + at3 + ")": 2,
+        f"NOT (at = {at3})": None, f"at != {at3}": None,
+        "wall >= TIMESTAMP_NTZ'2026-11-22 00:00:00'": 3, "wall = TIMESTAMP_NTZ'1582-10-10 12:00:00'": 1,
+        "wall < TIMESTAMP_NTZ'1000-01-01 00:00:00'": 1,
+        f"ms >= {at3}": 2, "ms < TIMESTAMP'2026-11-21 00:00:00.000002+00:00'": None,
+        f"n >= {at3}": None,  # nanoseconds: Spark compares them cut to microseconds, so it applies them
+        "amount >= 300": 1, "amount < 100.01": 2, "amount IN (200.02, 300)": 2, "amount = 0.5": None,
+        "p = TIMESTAMP'2026-11-21 00:00:00+00:00'": 2,
+        # 28 digits or more: maybe rounded by PySpark, so applied by Spark
+        f"big = {exact.add(big, 1)}": 4, f"big > {exact.add(big, 2)}": 4, f"big IN ({big}, 7)": 4,
+        f"NOT (big = {big})": 4,
+        "big > 1234567890123456789012345678901": 4, "big > 1234567890123456789012345678": 4,
+        "big < 123456789012345678901234567": None,  # 27 digits: pushed, and no file holds such a value f"p < {at3} AND amount > 100": 3,
+    }
+    previous = spark.conf.get("spark.sql.session.timeZone")
+    try:
+        for zone in ("America/Los_Angeles", "UTC"):
+            spark.conf.set("spark.sql.session.timeZone", zone)
+            for where, groups in cases.items():
+                off, _ = _read(spark, uri, False, where)
+                on, n = _read(spark, uri, True, where)
+                assert on == off, (zone, where)
+                assert off or where in ("amount = 0.5", "big < 123456789012345678901234567"), (zone, where)
+                if groups is not None:
+                    assert n == groups, (zone, where)
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", previous)

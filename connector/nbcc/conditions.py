@@ -13,6 +13,7 @@ delete, or replace, other partitions or records than the user meant.
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import pyarrow as pa
@@ -214,9 +215,9 @@ def with_column_as_spelled(item: tuple[Any, ...], schema: pa.Schema) -> tuple[An
 
 def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...] | pc.Expression:
     """`parse_condition`'s tuple with its text values in the column's type: a filter tuple for
-    the types the tuple form takes (integers, strings, dates, booleans), else a pyarrow
-    expression (timestamps, decimals, floats). A column not in `schema` is left for
-    `parse_filter` to report."""
+    the types the tuple form takes (integers, strings, dates, booleans, timestamps, decimals),
+    else a pyarrow expression (floats). A column not in `schema` is left for `parse_filter` to
+    report."""
     if len(item) < 3 or item[0] not in schema.names:
         return item
     column, op, given = item
@@ -243,7 +244,16 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
         raise InvalidOptionError(f"condition on {column!r}: {given!r} is not an integer")
     if supported_type(t):
         def value(v: str) -> Any:
-            return int(v) if pa.types.is_integer(t) else v.lower() == "true" if pa.types.is_boolean(t) else v
+            if pa.types.is_integer(t):
+                return int(v)
+            if pa.types.is_boolean(t):
+                return v.lower() == "true"
+            if pa.types.is_decimal(t):
+                try:
+                    return Decimal(v.strip())  # a number, as history then shows it
+                except InvalidOperation:
+                    return v  # `parse_filter` says what is wrong
+            return v  # dates and timestamps as text, read by `parse_filter`
         return (column, op, [value(v) for v in given] if isinstance(given, list) else value(given))
     try:
         values = _cast_texts(texts, t)

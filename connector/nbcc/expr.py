@@ -9,12 +9,17 @@ Each predicate can
 - give the values it pins a column to (`pinned_values`), for partition and bucket pruning.
 
 Only column types whose comparison semantics are the same in Spark, Arrow and JSON statistics are
-accepted (integers, strings, dates, booleans); others are left for the engine to evaluate.
+accepted (integers, strings, dates, booleans, timestamps, decimals); others (floats, with NaN,
+and nested types) are left for the engine to evaluate. A value is compared as SQL compares it
+with the column: exactly, also when the column's type cannot hold it (`m < 300` on an int8
+column, a microsecond on a millisecond column, `9.995` on a `decimal(10,2)` column).
 
 The Python API's form: a list of tuples, all of which must hold (AND), like pyarrow.parquet's:
     [("id", "=", 5), ("day", "in", ["2026-11-20", "2026-11-21"]), ("name", "starts_with", "a"),
      ("price", "is_not_null")]
 Operators: = == != < <= > >= in not_in is_null is_not_null starts_with ends_with contains.
+A timestamp value is a datetime (UTC when it has no zone) or ISO-8601 text, a decimal value a
+Decimal, an integer or text (not a float, which holds another number).
 The list may also hold pyarrow compute expressions, applied exactly after merging.
 """
 
@@ -22,9 +27,12 @@ from __future__ import annotations
 
 import bisect
 import datetime as dt
+import decimal
 import functools
+import math
 import operator
 import re
+from fractions import Fraction
 from dataclasses import dataclass, field as dataclass_field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -47,14 +55,30 @@ def canonical_operator(given: Any) -> str:
 
 
 def supported_type(t: pa.DataType) -> bool:
+    """Can predicates and statistics use columns of type `t`?"""
     return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
-            or pa.types.is_date32(t) or pa.types.is_boolean(t))
+            or pa.types.is_date32(t) or pa.types.is_boolean(t) or pa.types.is_timestamp(t)
+            or pa.types.is_decimal(t))
 
 
 def stat_value(value: Any) -> Any:
-    """A filter value in the form statistics are recorded in (dates as ISO text)."""
+    """A filter value in the form statistics are recorded in (dates as ISO text; a timestamp is
+    already an integer of its column's unit)."""
     if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
         return value.isoformat()
+    return value
+
+
+def stat_order(t: pa.DataType | None) -> Any:
+    """The key that orders recorded statistics of a `t` column: a decimal is recorded as text."""
+    return _decimal_of if t is not None and pa.types.is_decimal(t) else _same
+
+
+def _decimal_of(value: Any) -> Any:
+    return None if value is None else decimal.Decimal(str(value))
+
+
+def _same(value: Any) -> Any:
     return value
 
 
@@ -128,6 +152,8 @@ class Predicate:
             return False  # every value is null: no comparison can hold
         v = self.value
         try:
+            order = stat_order(self.type)
+            lo, hi = order(lo), order(hi)
             if self.op == "=":
                 return lo <= stat_value(v) <= hi
             if self.op == "<":
@@ -146,7 +172,7 @@ class Predicate:
                 # Strings with prefix v are one contiguous run from v on: a file misses it only
                 # if all its values are below v, or its least value is past the run.
                 return not (hi < v or (lo > v and not lo.startswith(v)))
-        except TypeError:
+        except (TypeError, decimal.InvalidOperation):
             return True
         return True
 
@@ -165,34 +191,163 @@ class Predicate:
         return None
 
 
-def check_value(column: str, field: pa.Field, op: str, value: Any) -> Any:
+def check_value(column: str, field: pa.Field, op: str, value: Any) -> tuple[str, Any]:
+    """(op, value) of a filter on `field`, its value(s) checked and in the form a `Predicate`
+    holds: a date, a timestamp as an integer of the column's unit, a decimal of the column's
+    scale. A value the column's type cannot hold is compared as SQL would (`_held`)."""
     if op in ("is_null", "is_not_null"):
-        return None
-    if op in ("in", "not_in"):
-        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-            raise InvalidOptionError(f"filter on {column!r}: {op} needs a list of values")
-        values = tuple(_normalize(field, x) for x in value)
-        _cast_check(column, field, [x for x in values if x is not None])
-        return values
+        return op, None
     if op in ("starts_with", "ends_with", "contains"):
         if not (pa.types.is_string(field.type) or pa.types.is_large_string(field.type)) or not isinstance(value, str):
             raise InvalidOptionError(f"filter on {column!r}: {op} needs a string column and a string value")
-        return value
+        return op, value
+    if op in ("in", "not_in"):
+        if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+            raise InvalidOptionError(f"filter on {column!r}: {op} needs a list of values")
+        values = [_normalize(column, field, x) for x in value]
+    else:
+        if value is None:
+            raise InvalidOptionError(f"filter on {column!r}: compare with None using is_null / is_not_null")
+        values = [_normalize(column, field, value)]
+    _cast_check(column, field, [x for x in values if x is not None])
+    counted = _counted(field.type)
+    if counted is not None:
+        op, values = _held(op, values, *counted[:2])
+        values = [x if x is None else counted[2](x) for x in values]
+    if not values and op not in ("in", "not_in"):
+        return op, None  # is_not_null
+    return (op, tuple(values)) if op in ("in", "not_in") else (op, values[0])
+
+
+_UNITS_PER_SECOND = {"s": 1, "ms": 1000, "us": 10**6, "ns": 10**9}
+_EPOCH = dt.datetime(1970, 1, 1)
+_INT64 = (-2**63, 2**63 - 1)
+_EXACT = decimal.Context(prec=80)  # more digits than any decimal type has (decimal256: 76)
+
+
+def _counted(t: pa.DataType) -> tuple[int, int, Any] | None:
+    """For a type whose values are integer counts (integers; timestamps: of their unit;
+    decimals: of their last digit), the least and greatest count it holds and how a count
+    becomes the value a predicate compares with; None for other types."""
+    if pa.types.is_integer(t):
+        info = np.iinfo(t.to_pandas_dtype())
+        return int(info.min), int(info.max), int
+    if pa.types.is_timestamp(t):
+        return (*_INT64, int)
+    if pa.types.is_decimal(t):
+        most = 10**t.precision - 1
+        return -most, most, lambda count: decimal.Decimal(count).scaleb(-t.scale, _EXACT)
+    return None
+
+
+def _held(op: str, values: list[Any], lo: int, hi: int) -> tuple[str, list[Any]]:
+    """(op, values) with each value (an exact count: an int or a Fraction) one that the column's
+    type holds, as SQL compares them: `m < 300` on an int8 column holds for every non-null value
+    and `m = 300` for none; `t < 10:00:00.0005` on a millisecond column is `t <= 10:00:00.000`.
+    A comparison that holds for every non-null value becomes `is_not_null`, one that holds for
+    none `in ()`."""
+    def held(v: Any) -> bool:
+        return v.denominator == 1 and lo <= v <= hi
+
+    if op in ("in", "not_in"):  # a value the column cannot hold equals no row's
+        return op, [v if v is None else int(v) for v in values if v is None or held(v)]
+    v = values[0]
+    if held(v):
+        return op, [int(v)]
+    if lo <= v <= hi:  # between two values of the type: compare with the one below
+        below = math.floor(v)
+        return {"=": ("in", []), "!=": ("is_not_null", []), "<": ("<=", [below]), "<=": ("<=", [below]),
+                ">": (">", [below]), ">=": (">", [below])}[op]
+    above = v > hi
+    every = {"!=": True, "<": above, "<=": above, ">": not above, ">=": not above}.get(op, False)
+    return ("is_not_null", []) if every else ("in", [])
+
+
+def _normalize(column: str, field: pa.Field, value: Any) -> Any:
+    """A filter value in the form `_cast_check` checks: ISO text for a date column is a date; a
+    timestamp or decimal is its exact count (`_counted`) as a Fraction. None stays None."""
+    t = field.type
     if value is None:
-        raise InvalidOptionError(f"filter on {column!r}: compare with None using is_null / is_not_null")
-    value = _normalize(field, value)
-    _cast_check(column, field, [value])
-    return value
-
-
-def _normalize(field: pa.Field, value: Any) -> Any:
-    """ISO text for a date column is a date."""
-    if pa.types.is_date(field.type) and isinstance(value, str):
+        return None
+    if pa.types.is_date(t) and isinstance(value, str):
         try:
             return dt.date.fromisoformat(value)
         except ValueError:
             return value  # reported by the type check
+    if pa.types.is_timestamp(t):
+        return _timestamp_count(column, t, value)
+    if pa.types.is_decimal(t):
+        return _decimal_count(column, t, value)
     return value
+
+
+# ISO-8601 in its extended form, as Arrow reads it: a date, then maybe a time (to any fraction of
+# a second, which `datetime.fromisoformat` cuts at microseconds, and on Python 3.10 takes with
+# 3 or 6 digits only) and a zone.
+_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?)?"
+                  r"\s*(?:([zZ])|([+-])(\d\d):?(\d\d))?")
+
+
+def _iso_time(text: str) -> tuple[dt.datetime, Fraction] | None:
+    """ISO text as (a datetime, the seconds below its microsecond), or None if it is not one."""
+    m = _ISO.fullmatch(text.strip())
+    if m is None:
+        return None
+    year, month, day, hour, minute, second, digits, z, sign, off_h, off_m = m.groups()
+    digits = digits or ""
+    zone = None
+    if z or sign:
+        offset = dt.timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
+        zone = dt.timezone(-offset if sign == "-" else offset)
+    try:
+        when = dt.datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0),
+                           int(digits[:6].ljust(6, "0")), zone)
+    except ValueError:  # a month 13, an offset of a day or more, ...
+        return None
+    return when, Fraction(int(digits[6:] or 0), 10**len(digits)) if len(digits) > 6 else Fraction(0)
+
+
+def _timestamp_count(column: str, t: pa.TimestampType, value: Any) -> Fraction:
+    """`value` (a datetime, pandas' Timestamp or ISO-8601 text) as an exact count of `t`'s unit
+    since the epoch. A value without a zone is UTC, as an `as_of` time; one with a zone compared
+    with a column without one (TIMESTAMP_NTZ) is taken at its UTC wall time."""
+    extra = Fraction(0)  # below the microsecond, which a datetime stops at
+    when = value
+    if isinstance(value, str):
+        when, extra = _iso_time(value) or (None, extra)
+    elif hasattr(value, "nanosecond") and hasattr(value, "to_pydatetime"):  # pandas' Timestamp
+        extra = Fraction(value.nanosecond, 10**9)
+        when = value.to_pydatetime(warn=False)
+    if not isinstance(when, dt.datetime):
+        raise InvalidOptionError(f"filter on {column!r} ({t}): {value!r} is not a timestamp: give a datetime "
+                                 "or ISO-8601 text ('2026-11-20T10:00:00Z', '2026-11-20 10:00:00.5+01:00'; UTC "
+                                 "when it has no zone)")
+    if when.tzinfo is not None:
+        when = when.astimezone(dt.timezone.utc).replace(tzinfo=None)
+    micros = (when - _EPOCH) // dt.timedelta(microseconds=1)  # exact, in any year a datetime has
+    return (Fraction(micros, 10**6) + extra) * _UNITS_PER_SECOND[t.unit]
+
+
+def _decimal_count(column: str, t: pa.Decimal128Type, value: Any) -> Fraction:
+    """`value` (a Decimal, an integer or text) as an exact count of `t`'s last digit; one far
+    outside the type's range (1e999999999) as a count just outside it, which compares alike."""
+    number = value
+    if isinstance(value, str):
+        try:
+            number = decimal.Decimal(value.strip())
+        except decimal.InvalidOperation:
+            number = None
+    if isinstance(number, bool) or not isinstance(number, (int, decimal.Decimal)) or (
+            isinstance(number, decimal.Decimal) and not number.is_finite()):
+        hint = " (a float holds another number than the one it prints: give Decimal('9.99') or '9.99')" \
+            if isinstance(value, float) else ""
+        raise InvalidOptionError(f"filter on {column!r} ({t}): {value!r} is not a decimal number{hint}")
+    number = decimal.Decimal(number)
+    if number and number.adjusted() > t.precision - t.scale:  # beyond every value of the type
+        return Fraction(10**t.precision if number > 0 else -10**t.precision)
+    if number and number.adjusted() < -t.scale - 1:  # strictly between 0 and the last digit's unit
+        return Fraction(1 if number > 0 else -1, 2)
+    return Fraction(number) * Fraction(10) ** t.scale
 
 
 def _cast_check(column: str, field: pa.Field, values: Sequence[Any]) -> None:
@@ -206,6 +361,8 @@ def _cast_check(column: str, field: pa.Field, values: Sequence[Any]) -> None:
                    or (isinstance(v, bool) and bool not in py_types)]
             if bad:
                 raise InvalidOptionError(f"filter on {column!r} ({t}): value(s) {bad!r} are not {words}")
+    if _counted(t) is not None:
+        return  # any count: `_held` compares those the type cannot hold
     try:
         pa.array(values, type=field.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
@@ -245,32 +402,11 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
         if not supported_type(field.type) and op not in ("is_null", "is_not_null"):
             raise InvalidOptionError(
                 f"filter column {column!r} has type {field.type}; the tuple form supports integer, "
-                "string, date and boolean columns (use a pyarrow expression for others)"
+                "string, date, boolean, timestamp and decimal columns (use a pyarrow expression for others)"
             )
-        op, value = _within_range(field.type, op, value)
-        preds.append(Predicate(column, op, check_value(column, field, op, value), type=field.type))
+        op, value = check_value(column, field, op, value)
+        preds.append(Predicate(column, op, value, type=field.type))
     return tuple(preds), functools.reduce(operator.and_, expressions) if expressions else None
-
-
-def _within_range(t: pa.DataType, op: str, value: Any) -> tuple[str, Any]:
-    """(op, value) with integers outside the range of integer type `t` taken out, as SQL
-    compares them: `m < 300` on an int8 column holds for every non-null value, `m = 300` for
-    none. (Arrow cannot make a scalar of `t` from them.)"""
-    if not pa.types.is_integer(t):
-        return op, value
-    info = np.iinfo(t.to_pandas_dtype())
-    lo, hi = int(info.min), int(info.max)
-
-    def outside(v: Any) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi
-
-    if op in ("in", "not_in") and isinstance(value, (list, tuple)):
-        return op, [v for v in value if not outside(v)]
-    if op not in COMPARISONS or not outside(value):
-        return op, value
-    above = value > hi
-    every = {"!=": True, "<": above, "<=": above, ">": not above, ">=": not above}.get(op, False)
-    return ("is_not_null", None) if every else ("in", [])
 
 
 _LISTED_VALUES = 10  # of a longer IN list, the first ones are written out

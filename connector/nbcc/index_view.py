@@ -233,10 +233,10 @@ class MetadataIndex:
 
 
 def _value(text: str | None, t: pa.DataType | None) -> Any:
-    """A statistic back in the form of commit metadata (dates stay ISO text)."""
+    """A statistic back in the form of commit metadata (dates and decimals stay text)."""
     if text is None or t is None:
         return text
-    if pa.types.is_integer(t):
+    if pa.types.is_integer(t) or pa.types.is_timestamp(t):
         return int(text)
     if pa.types.is_boolean(t):
         return text == "true"

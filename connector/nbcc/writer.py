@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from .buckets import file_group_id
 from .config import DEFAULT_MAX_LOG_FILE_BYTES, DELETE, TableConfig
 from .errors import SchemaError
-from .expr import supported_type
+from .expr import stat_order, supported_type
 from .filenames import data_file_path, log_file_name
 from .partitions import NULL_PARTITION, check_partition_values, distinct_partitions, split_rows
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
@@ -292,7 +292,9 @@ def update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Seq
     `min`/`max` are None when every value is null; absent when not known (long strings)."""
     for name in columns:
         col = chunk.column(name)
-        lo, hi = (_jsonable(v, col.type) for v in _min_max(col))
+        # A timestamp as an integer of its unit (exact, and ordered as its values are); a
+        # decimal as its text, ordered as a number (`stat_order`).
+        lo, hi = (v if pa.types.is_timestamp(col.type) else _jsonable(v) for v in _min_max(col))
         cur = stats.setdefault(name, {"min": None, "max": None, "nulls": 0})
         cur["nulls"] += col.null_count
         if "min" not in cur:
@@ -301,8 +303,9 @@ def update_stats(stats: dict[str, dict[str, Any]], chunk: pa.Table, columns: Seq
             del cur["min"], cur["max"]
             continue
         if lo is not None:
-            cur["min"] = lo if cur["min"] is None else min(cur["min"], lo)
-            cur["max"] = hi if cur["max"] is None else max(cur["max"], hi)
+            order = stat_order(col.type)
+            cur["min"] = lo if cur["min"] is None else min(cur["min"], lo, key=order)
+            cur["max"] = hi if cur["max"] is None else max(cur["max"], hi, key=order)
 
 
 def coalesced(batches: Iterable[pa.RecordBatch], rows: int = COALESCE_ROWS) -> Iterator[pa.Table]:

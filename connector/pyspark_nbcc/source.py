@@ -9,6 +9,7 @@ object here is plain data that pickles, and each step reopens what it needs from
 from __future__ import annotations
 
 import datetime
+import decimal
 import logging
 import sys
 from dataclasses import dataclass, field, replace
@@ -290,17 +291,22 @@ class DefaultSource(DataSource):
                 if stream_only and not batch_only:
                     raise stream_error from None
                 raise InvalidOptionError(f"{batch_error}; as spark.readStream: {stream_error}") from None
-        self._own_schema = _spark_schema(read_schema(table.storage, table.config, options))
+        self._arrow_schema = read_schema(table.storage, table.config, options)
+        self._own_schema = _spark_schema(self._arrow_schema)
         return self._own_schema  # pickled with the source: reader() knows Spark took it from here
 
     def reader(self, schema: StructType) -> "NbccReader":
         table, options, max_bytes = self._read_setup()
         follows_table = schema == getattr(self, "_own_schema", None)
+        arrow_schema = getattr(self, "_arrow_schema", None)
         if not follows_table:  # given with .schema(...)
-            _check_given_schema(schema, _spark_schema(read_schema(table.storage, table.config, options)),
+            arrow_schema = read_schema(table.storage, table.config, options)
+            _check_given_schema(schema, _spark_schema(arrow_schema),
                                 [] if options.is_cdc else table.schema().names)  # cdc: columns in before/after
-        cls = NbccPushdownReader if _pushdown_enabled() else NbccReader
-        return cls(table.uri, table.storage.storage_options, schema, options, max_bytes, follows_table)
+        if not _pushdown_enabled():
+            return NbccReader(table.uri, table.storage.storage_options, schema, options, max_bytes, follows_table)
+        return NbccPushdownReader(table.uri, table.storage.storage_options, schema, options, max_bytes, follows_table,
+                                  arrow_schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> "NbccWriter":
         uri = _table_uri(self.options)
@@ -456,6 +462,13 @@ class NbccPushdownReader(NbccReader):
     """The reader when filter pushdown is on: filters become predicates that prune partitions,
     buckets and files and are applied exactly; the others go back to Spark."""
 
+    def __init__(self, uri: str, storage_options: dict[str, Any], schema: StructType, options: ReadOptions,
+                 max_partition_bytes: int, follows_table: bool, table_schema: pa.Schema):
+        super().__init__(uri, storage_options, schema, options, max_partition_bytes, follows_table)
+        # The columns' own types, which statistics are recorded in: Spark's have timestamps in
+        # microseconds and no unsigned integers.
+        self.table_schema = table_schema
+
     def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         if self.options.query_type == INCREMENTAL and self.options.is_cdc:
             yield from filters
@@ -463,7 +476,7 @@ class NbccPushdownReader(NbccReader):
         data_columns = set(self.arrow_schema.names) - {f.name for f in META_OUTPUT_FIELDS}
         accepted = []
         for f in filters:
-            pred = to_predicate(f, self.arrow_schema, data_columns)
+            pred = to_predicate(f, self.table_schema, data_columns)
             if pred is None:
                 yield f
             else:
@@ -476,6 +489,13 @@ class NbccPushdownReader(NbccReader):
 # 1582-10-15. Taken as that date, `d = DATE '1582-10-10'` matched 1582-10-15's rows, and `<`
 # and `>` were off by those days.
 _GAP_DATE = datetime.date(1582, 10, 15)
+# TIMESTAMP values go through that calendar too: those in the skipped days arrive on 1582-10-15.
+# Before 1900 time zones kept local mean time, which that conversion may also take otherwise than
+# Spark: such values are left to Spark (TIMESTAMP_NTZ values arrive exact).
+_SAFE_TIMESTAMPS_FROM = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)
+# PySpark makes a pushed DECIMAL value in Python's default decimal context, which rounds it to 28
+# digits: one of 28 or more may be another number than the query's.
+_EXACT_DECIMAL_DIGITS = 28
 
 
 def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate | None:
@@ -489,6 +509,8 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
     field = schema.field(column)
     if not supported_type(field.type):
         return None
+    if pa.types.is_timestamp(field.type) and field.type.unit == "ns":
+        return None  # Spark compares the values cut to microseconds, which nbcc does not see
     if isinstance(inner, (EqualTo, EqualNullSafe)):
         if inner.value is None:
             op, value = ("is_null" if isinstance(inner, EqualNullSafe) else None), None
@@ -513,6 +535,14 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
         value = inner.value
     if pa.types.is_date(field.type) and _GAP_DATE in (value if op == "in" else (value,)):
         return None  # maybe another date: Spark applies it (_GAP_DATE)
+    if pa.types.is_timestamp(field.type) and field.type.tz is not None and any(
+            isinstance(v, datetime.datetime) and v.tzinfo is not None and v < _SAFE_TIMESTAMPS_FROM
+            for v in (value if op == "in" else (value,))):
+        return None  # maybe another time: Spark applies it (_SAFE_TIMESTAMPS_FROM)
+    if pa.types.is_decimal(field.type) and any(
+            isinstance(v, decimal.Decimal) and len(v.as_tuple().digits) >= _EXACT_DECIMAL_DIGITS
+            for v in (value if op == "in" else (value,))):
+        return None  # maybe rounded: Spark applies it (_EXACT_DECIMAL_DIGITS)
     if negated:
         flipped = {"=": "!=", "in": "not_in", "is_null": "is_not_null", "is_not_null": "is_null"}
         if op not in flipped:
@@ -521,9 +551,10 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
             return None  # NOT (a <=> v) keeps nulls; != would drop them
         op = flipped[op]
     try:
-        return Predicate(column, op, check_value(column, field, op, value), type=field.type)
+        op, value = check_value(column, field, op, value)
     except InvalidOptionError:
         return None
+    return Predicate(column, op, value, type=field.type)
 
 
 # -- writing -----------------------------------------------------------------------------------
