@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from decimal import Decimal
 from pathlib import Path
 
 import pyarrow as pa
@@ -246,7 +247,14 @@ def test_a_new_column_without_a_type_or_of_a_type_nbcc_cannot_store_writes_nothi
     with pytest.raises(SchemaError, match="column 'gap' has type month_day_nano_interval, which nbcc cannot store"):
         table.write(pa.table({"id": [3], "name": ["c"], "ts": [1],
                               "gap": pa.array([pa.MonthDayNano([1, 2, 3])], pa.month_day_nano_interval())}))
+    # Arrow has decimals of a negative scale, Parquet not: the write failed after its instant began.
+    with pytest.raises(SchemaError, match=r"column 'n' holds decimal256\(3, -1\), a decimal with a negative "
+                                          r"scale, which Parquet cannot store; cast it to decimal256\(4, 0\)"):
+        table.write(pa.table({"id": [3], "name": ["c"], "ts": [1],
+                              "n": pa.array([[Decimal(100)]], pa.list_(pa.decimal256(3, -1)))}))
     _unchanged(table, files, rows)
+    with pytest.raises(SchemaError, match=r"'d' holds decimal128\(5, -2\).* cast it to decimal128\(7, 0\)"):
+        nbcc.Table.create(table.uri + "-negative", pa.schema([("id", pa.int64()), ("d", pa.decimal128(5, -2))]), "id")
     table.write(pa.table({"id": [3], "name": [None], "ts": [1]}))  # all None into a typed column: fine
     assert table.read().sort_by("id").to_pylist()[-1] == {"id": 3, "name": None, "ts": 1}
 

@@ -11,6 +11,7 @@ columns as null and widened columns cast to the wider type.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Iterable, Sequence
 
@@ -205,13 +206,18 @@ def check_column(name: str, t: pa.DataType) -> None:
             "value is None); give it a type, e.g. pa.array(values, pa.string()) or a schema"
         )
     try:
-        type_to_json(t)
+        described = json.dumps(type_to_json(t))
     except SchemaError:
         raise SchemaError(
             f"column {name!r} has type {t}, which nbcc cannot store; cast it to a supported type: "
             "integers, floats, decimals, booleans, strings, binary, dates, times, timestamps, "
             "durations, or structs, lists and maps of them"
         ) from None
+    negative = re.search(r"decimal(128|256)\((\d+), -(\d+)\)", described)
+    if negative:  # Arrow has them, Parquet not: the write would fail after the commit began
+        bits, precision, scale = negative.groups()
+        raise SchemaError(f"column {name!r} holds {negative[0]}, a decimal with a negative scale, which Parquet "
+                          f"cannot store; cast it to decimal{bits}({int(precision) + int(scale)}, 0)")
 
 
 def check_names(names: Iterable[str], what: str) -> None:
