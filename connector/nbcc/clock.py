@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import random
+import re
 import socket
 import threading
 import time
@@ -32,6 +33,7 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
+from fractions import Fraction
 from typing import Iterator
 
 from .errors import InvalidOptionError, LockLostError, LockTimeoutError
@@ -59,6 +61,32 @@ def parse_time(text: str) -> int:
     return int(dt.timestamp()) * 1000 + int(text[14:])
 
 
+# ISO-8601 in its extended form, as Arrow reads it: a date, then maybe a time (to any fraction of
+# a second: `datetime.fromisoformat` cuts it at microseconds, and on Python 3.10 takes 3 or 6
+# digits and no Z) and a zone.
+_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?)?"
+                  r"\s*(?:([zZ])|([+-])(\d\d)(?::?(\d\d))?)?")
+
+
+def parse_iso_time(text: str) -> tuple[datetime, Fraction] | None:
+    """ISO text as (a datetime, the seconds below its microsecond), or None if it is not one."""
+    m = _ISO.fullmatch(text.strip())
+    if m is None:
+        return None
+    year, month, day, hour, minute, second, digits, z, sign, off_h, off_m = m.groups()
+    digits = digits or ""
+    zone = None
+    if z or sign:
+        offset = timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
+        zone = timezone(-offset if sign == "-" else offset)
+    try:
+        when = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0),
+                           int(digits[:6].ljust(6, "0")), zone)
+    except ValueError:  # a month 13, an offset of a day or more, ...
+        return None
+    return when, Fraction(int(digits[6:] or 0), 10**len(digits)) if len(digits) > 6 else Fraction(0)
+
+
 TIME_FORMS = ("a 17-digit instant time yyyyMMddHHmmssSSS (UTC), e.g. 20261121103000123, or an "
               "ISO-8601 timestamp, e.g. 2026-11-21T10:30:00Z, 2026-11-21 10:30:00.123+01:00 or "
               "2026-11-21 (UTC when it has no zone)")
@@ -75,10 +103,7 @@ def parse_time_option(value: object, name: str) -> str:
         except ValueError:
             pass
     elif not text.isdigit():  # digits of another length are a mistyped instant, not ISO
-        try:
-            moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-        except ValueError:
-            moment = None
+        moment = (parse_iso_time(text) or (None,))[0]
         if moment is not None:
             if moment.tzinfo is None:
                 moment = moment.replace(tzinfo=timezone.utc)

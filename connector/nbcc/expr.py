@@ -40,6 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .clock import parse_iso_time
 from .errors import InvalidOptionError
 
 COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
@@ -281,32 +282,6 @@ def _normalize(column: str, field: pa.Field, value: Any) -> Any:
     return value
 
 
-# ISO-8601 in its extended form, as Arrow reads it: a date, then maybe a time (to any fraction of
-# a second, which `datetime.fromisoformat` cuts at microseconds, and on Python 3.10 takes with
-# 3 or 6 digits only) and a zone.
-_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?)?"
-                  r"\s*(?:([zZ])|([+-])(\d\d):?(\d\d))?")
-
-
-def _iso_time(text: str) -> tuple[dt.datetime, Fraction] | None:
-    """ISO text as (a datetime, the seconds below its microsecond), or None if it is not one."""
-    m = _ISO.fullmatch(text.strip())
-    if m is None:
-        return None
-    year, month, day, hour, minute, second, digits, z, sign, off_h, off_m = m.groups()
-    digits = digits or ""
-    zone = None
-    if z or sign:
-        offset = dt.timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
-        zone = dt.timezone(-offset if sign == "-" else offset)
-    try:
-        when = dt.datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0),
-                           int(digits[:6].ljust(6, "0")), zone)
-    except ValueError:  # a month 13, an offset of a day or more, ...
-        return None
-    return when, Fraction(int(digits[6:] or 0), 10**len(digits)) if len(digits) > 6 else Fraction(0)
-
-
 def _timestamp_count(column: str, t: pa.TimestampType, value: Any) -> Fraction:
     """`value` (a datetime, pandas' Timestamp or ISO-8601 text) as an exact count of `t`'s unit
     since the epoch. A value without a zone is UTC, as an `as_of` time; one with a zone compared
@@ -314,7 +289,7 @@ def _timestamp_count(column: str, t: pa.TimestampType, value: Any) -> Fraction:
     extra = Fraction(0)  # below the microsecond, which a datetime stops at
     when = value
     if isinstance(value, str):
-        when, extra = _iso_time(value) or (None, extra)
+        when, extra = parse_iso_time(value) or (None, extra)
     elif hasattr(value, "nanosecond") and hasattr(value, "to_pydatetime"):  # pandas' Timestamp
         extra = Fraction(value.nanosecond, 10**9)
         when = value.to_pydatetime(warn=False)
