@@ -1027,3 +1027,26 @@ def test_index_errors_are_clear(local_table, tmp_path, capsys):
     code, out, _ = run(capsys, "index", uri)
     assert code == 0 and rows_of(out)[0] == ["files", "building"]
     assert "pending indexing" in out and "to resume it" in out
+
+
+def test_conditions_on_float_timestamp_and_decimal_columns_are_recorded_as_they_can_be_given_again(
+        local_table, capsys):
+    uri, _ = local_table
+    schema = pa.schema([("id", pa.int64()), ("price", pa.float64()), ("at", pa.timestamp("ms", tz="UTC")),
+                        ("amount", pa.decimal128(10, 2))])
+    table = nbcc.Table.create(uri, schema, "id", buckets=2)
+    at = [dt.datetime(2026, 11, 20, h, tzinfo=dt.timezone.utc) for h in range(4)]
+    table.write(pa.table({"id": [0, 1, 2, 3], "price": [9.5, 10.25, float("nan"), None], "at": at,
+                          "amount": [Decimal("3.25"), Decimal("2.00"), None, Decimal("1.50")]}, schema=schema))
+    wheres = ["price > 10", "at >= '2026-11-20T02:00:00.000500Z'", "amount = 3.25"]
+    for where in wheres:
+        code, out, err = run(capsys, "delete", uri, "--where", where, "--dry-run")
+        assert code == 0 and err == "" and "1 record" in out, (where, out, err)
+        code, out, err = run(capsys, "delete", uri, "--where", where)
+        assert code == 0 and err == "", (where, err)
+    recorded = [c.parameters["condition"] for c in reversed(table.history()) if c.operation == "delete"]
+    assert recorded == ["price > 10.0", "at >= '2026-11-20T02:00:00.000500Z'", "amount = 3.25"]
+    assert table.read().column("id").to_pylist() == [2]  # the NaN price matched nothing
+    for condition in recorded:  # given again: valid, and nothing left to delete
+        code, out, err = run(capsys, "delete", uri, "--where", condition, "--dry-run")
+        assert code == 0 and err == "" and "0 records" in out, (condition, out, err)

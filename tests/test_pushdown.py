@@ -812,7 +812,8 @@ def test_python_filter_on_a_column_added_after_the_time_read_is_a_clear_error(tm
     ([("i", "starts_with", "1")], ["'i'", "string"]),
     ([("i", "=", None)], ["is_null"]),
     ([("i", "=")], ["'i'"]),
-    ([("x", ">", 3.0)], ["'x'", "pyarrow expression"]),
+    ([("x", ">", "3")], ["'x'", "not numbers"]),
+    ([("x", "starts_with", "3")], ["'x'", "string column"]),
     ("id = 5", ["list of (column, op, value) tuples"]),
     ([["i", "=", 3]], ["tuples"]),
 ])
@@ -1068,3 +1069,18 @@ def test_spark_timestamp_and_decimal_filters_are_pushed_exactly_in_any_session_t
                     assert n == groups, (zone, where)
     finally:
         spark.conf.set("spark.sql.session.timeZone", previous)
+
+
+def test_python_float_filters_compare_as_arrow_does_and_a_nan_equals_nothing(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("x", pa.float64()), ("f", pa.float32())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", buckets=2, partition_by="f")
+    nan = float("nan")
+    table.write(pa.table({"id": [1, 2, 3, 4, 5], "x": [0.5, nan, None, 2.0, -float("inf")],
+                          "f": pa.array([0.1, 1e30, nan, None, 0.1], pa.float32())}, schema=schema))
+    for spec, ids in [(("x", ">", 0.5), [4]), (("x", "<=", 0.5), [1, 5]), (("x", "=", nan), []),
+                      (("x", "!=", 0.5), [2, 4, 5]), (("x", "in", [nan, 0.5]), [1]), (("x", "not_in", [nan]), [1, 2, 4, 5]),
+                      (("x", "not_in", [2, None]), []), (("x", ">", -float("inf")), [1, 4]), (("x", "=", 2), [4]),
+                      (("f", "=", 0.1), [1, 5]),  # a float32 partition: 0.1 as the column holds it
+                      (("f", "<", 1e300), [1, 2, 5]), (("f", "is_null"), [4])]:
+        assert sorted(table.read(filter=[spec]).column("id").to_pylist()) == ids, spec
+    assert table.partitions([("f", "=", 0.1)]) == ["f=0.1"]

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import InvalidOptionError
-from .expr import OPERATOR_ALIASES, PLAIN_NAME, supported_type
+from .expr import OPERATOR_ALIASES, PLAIN_NAME, tuple_type
 
 _CONDITION_FORMS = ("COLUMN OP VALUE (OP one of = == != <> < <= > >=), COLUMN in V1,V2, COLUMN not in V1,V2 "
                     "or COLUMN is [not] null")
@@ -215,9 +215,8 @@ def with_column_as_spelled(item: tuple[Any, ...], schema: pa.Schema) -> tuple[An
 
 def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...] | pc.Expression:
     """`parse_condition`'s tuple with its text values in the column's type: a filter tuple for
-    the types the tuple form takes (integers, strings, dates, booleans, timestamps, decimals),
-    else a pyarrow expression (floats). A column not in `schema` is left for `parse_filter` to
-    report."""
+    the types the tuple form takes (`tuple_type`), else a pyarrow expression. A column not in
+    `schema` is left for `parse_filter` to report."""
     if len(item) < 3 or item[0] not in schema.names:
         return item
     column, op, given = item
@@ -242,10 +241,15 @@ def typed_condition(item: tuple[Any, ...], schema: pa.Schema) -> tuple[Any, ...]
         raise InvalidOptionError(f"condition on {column!r}: {given!r} is not true or false")
     if pa.types.is_integer(t) and not all(re.fullmatch(r"[+-]?\d+", v.strip()) for v in texts):
         raise InvalidOptionError(f"condition on {column!r}: {given!r} is not an integer")
-    if supported_type(t):
+    if tuple_type(t):
         def value(v: str) -> Any:
             if pa.types.is_integer(t):
                 return int(v)
+            if pa.types.is_floating(t):
+                try:
+                    return float(v)  # NaN, inf and -inf too, as Arrow reads them
+                except ValueError:
+                    return v  # `parse_filter` says what is wrong
             if pa.types.is_boolean(t):
                 return v.lower() == "true"
             if pa.types.is_decimal(t):

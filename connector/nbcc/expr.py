@@ -8,9 +8,9 @@ Each predicate can
   merge mode), so a slice is skipped only when no file can hold a matching value;
 - give the values it pins a column to (`pinned_values`), for partition and bucket pruning.
 
-Only column types whose comparison semantics are the same in Spark, Arrow and JSON statistics are
-accepted (integers, strings, dates, booleans, timestamps, decimals); others (floats, with NaN,
-and nested types) are left for the engine to evaluate. A value is compared as SQL compares it
+Spark's filters and statistics take only column types whose comparison semantics are the same in
+Spark, Arrow and JSON statistics (integers, strings, dates, booleans, timestamps, decimals); the
+tuple form takes floats too (`tuple_type`); others are left for the engine to evaluate. A value is compared as SQL compares it
 with the column: exactly, also when the column's type cannot hold it (`m < 300` on an int8
 column, a microsecond on a millisecond column, `9.995` on a `decimal(10,2)` column).
 
@@ -56,10 +56,17 @@ def canonical_operator(given: Any) -> str:
 
 
 def supported_type(t: pa.DataType) -> bool:
-    """Can predicates and statistics use columns of type `t`?"""
+    """Can statistics, and predicates pushed by Spark, use columns of type `t`?"""
     return (pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t)
             or pa.types.is_date32(t) or pa.types.is_boolean(t) or pa.types.is_timestamp(t)
             or pa.types.is_decimal(t))
+
+
+def tuple_type(t: pa.DataType) -> bool:
+    """Can a filter tuple name a column of type `t`? Floats too, compared as Arrow compares them
+    (a NaN equals nothing), with no statistics: Spark ranks NaN above every number, and JSON has
+    no NaN."""
+    return supported_type(t) or pa.types.is_float32(t) or pa.types.is_float64(t)
 
 
 def stat_value(value: Any) -> Any:
@@ -211,6 +218,9 @@ def check_value(column: str, field: pa.Field, op: str, value: Any) -> tuple[str,
             raise InvalidOptionError(f"filter on {column!r}: compare with None using is_null / is_not_null")
         values = [_normalize(column, field, value)]
     _cast_check(column, field, [x for x in values if x is not None])
+    if pa.types.is_floating(field.type) and op in ("in", "not_in"):
+        # A NaN equals nothing, as with `=` (Arrow's is_in would match NaN to NaN).
+        values = [x for x in values if not (isinstance(x, float) and math.isnan(x))]
     counted = _counted(field.type)
     if counted is not None:
         op, values = _held(op, values, *counted[:2])
@@ -328,6 +338,7 @@ def _decimal_count(column: str, t: pa.Decimal128Type, value: Any) -> Fraction:
 def _cast_check(column: str, field: pa.Field, values: Sequence[Any]) -> None:
     t = field.type
     kinds = ((pa.types.is_integer, (int,), "integers"), (pa.types.is_boolean, (bool,), "booleans"),
+             (pa.types.is_floating, (int, float), "numbers"),
              (pa.types.is_date, (dt.date,), "dates (or ISO text)"),
              (lambda x: pa.types.is_string(x) or pa.types.is_large_string(x), (str,), "strings"))
     for is_kind, py_types, words in kinds:
@@ -374,9 +385,9 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
             raise InvalidOptionError(f"filter column {column!r} is not in the table (as of the time read); "
                                      f"its columns are {schema.names}")
         field = schema.field(column)
-        if not supported_type(field.type) and op not in ("is_null", "is_not_null"):
+        if not tuple_type(field.type) and op not in ("is_null", "is_not_null"):
             raise InvalidOptionError(
-                f"filter column {column!r} has type {field.type}; the tuple form supports integer, "
+                f"filter column {column!r} has type {field.type}; the tuple form supports integer, float, "
                 "string, date, boolean, timestamp and decimal columns (use a pyarrow expression for others)"
             )
         op, value = check_value(column, field, op, value)
