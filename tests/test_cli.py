@@ -305,10 +305,11 @@ def test_slices_as_of_shows_the_older_state(local_table, capsys):
     assert code == 0
     logs = [name for s in json.loads(out) for name in s["log_files"]]
     assert logs and all(written[0] in name for name in logs)  # only the first commit's files
-    code, out, err = run(capsys, "slices", uri, "--as-of", "yesterday")  # a usage error
-    assert code == 2 and out == ""
-    assert err.splitlines()[-1].startswith("nbcc slices: error: argument --as-of: 'yesterday' is not a time; "
-                                           "use a 17-digit instant time")
+    for bad in ("yesterday", "2026-11-20T10:00:00+24:00", "2026-11-20T10:00:00+01:60"):  # usage errors
+        code, out, err = run(capsys, "slices", uri, "--as-of", bad)
+        assert code == 2 and out == ""
+        assert err.splitlines()[-1].startswith(f"nbcc slices: error: argument --as-of: {bad!r} is not a time; "
+                                               "use a 17-digit instant time"), err
     code, out, _ = run(capsys, "slices", uri, "--as-of", f"{first[:4]}-{first[4:6]}-{first[6:8]}T23:59:59Z")
     assert code == 0 and out  # ISO-8601 is taken
 

@@ -75,13 +75,15 @@ def parse_iso_time(text: str) -> tuple[datetime, Fraction] | None:
         return None
     year, month, day, hour, minute, second, digits, z, sign, off_h, off_m = m.groups()
     digits = digits or ""
-    zone = None
-    if z or sign:
-        offset = timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
-        zone = timezone(-offset if sign == "-" else offset)
+    if int(off_m or 0) >= 60:
+        return None
     try:
+        zone = None
+        if z or sign:
+            offset = timedelta(hours=int(off_h or 0), minutes=int(off_m or 0))
+            zone = timezone(-offset if sign == "-" else offset)
         when = datetime(int(year), int(month), int(day), int(hour or 0), int(minute or 0), int(second or 0),
-                           int(digits[:6].ljust(6, "0")), zone)
+                        int(digits[:6].ljust(6, "0")), zone)
     except ValueError:  # a month 13, an offset of a day or more, ...
         return None
     return when, Fraction(int(digits[6:] or 0), 10**len(digits)) if len(digits) > 6 else Fraction(0)

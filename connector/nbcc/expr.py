@@ -303,14 +303,33 @@ def _timestamp_count(column: str, t: pa.TimestampType, value: Any) -> Fraction:
     elif hasattr(value, "nanosecond") and hasattr(value, "to_pydatetime"):  # pandas' Timestamp
         extra = Fraction(value.nanosecond, 10**9)
         when = value.to_pydatetime(warn=False)
+    elif isinstance(value, np.datetime64):
+        return _datetime64_count(column, t, value)
+    elif isinstance(value, dt.date) and not isinstance(value, dt.datetime):
+        when = dt.datetime.combine(value, dt.time())  # its midnight, as its ISO text reads
     if not isinstance(when, dt.datetime):
-        raise InvalidOptionError(f"filter on {column!r} ({t}): {value!r} is not a timestamp: give a datetime "
-                                 "or ISO-8601 text ('2026-11-20T10:00:00Z', '2026-11-20 10:00:00.5+01:00'; UTC "
-                                 "when it has no zone)")
+        raise InvalidOptionError(f"filter on {column!r} ({t}): {value!r} is not a timestamp: give ISO-8601 text "
+                                 "('2026-11-20T10:00:00Z', '2026-11-20 10:00:00.5+01:00', '2026-11-20'; UTC when "
+                                 "it has no zone) or a Python datetime")
     if when.tzinfo is not None:
         when = when.astimezone(dt.timezone.utc).replace(tzinfo=None)
     micros = (when - _EPOCH) // dt.timedelta(microseconds=1)  # exact, in any year a datetime has
     return (Fraction(micros, 10**6) + extra) * _UNITS_PER_SECOND[t.unit]
+
+
+_DATETIME64_SECONDS = {"D": 86400, "h": 3600, "m": 60, "s": 1, "ms": Fraction(1, 10**3), "us": Fraction(1, 10**6),
+                       "ns": Fraction(1, 10**9)}
+
+
+def _datetime64_count(column: str, t: pa.TimestampType, value: np.datetime64) -> Fraction:
+    """A NumPy datetime64 (a count of its unit since the epoch, no zone: UTC) as an exact count of
+    `t`'s unit."""
+    unit, step = np.datetime_data(value.dtype)
+    if np.isnat(value) or unit not in _DATETIME64_SECONDS:
+        raise InvalidOptionError(f"filter on {column!r} ({t}): {value!r} is not a time (NaT, or a unit of "
+                                 "months or years); compare with None using is_null / is_not_null")
+    seconds = int(value.astype(np.int64)) * step * _DATETIME64_SECONDS[unit]
+    return Fraction(seconds) * _UNITS_PER_SECOND[t.unit]
 
 
 def _decimal_count(column: str, t: pa.Decimal128Type, value: Any) -> Fraction:
