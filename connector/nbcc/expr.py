@@ -10,16 +10,18 @@ Each predicate can
 
 Spark's filters and statistics take only column types whose comparison semantics are the same in
 Spark, Arrow and JSON statistics (integers, strings, dates, booleans, timestamps, decimals); the
-tuple form takes floats too (`tuple_type`); others are left for the engine to evaluate. A value is compared as SQL compares it
-with the column: exactly, also when the column's type cannot hold it (`m < 300` on an int8
-column, a microsecond on a millisecond column, `9.995` on a `decimal(10,2)` column).
+tuple form takes floats too (`tuple_type`); others are left for the engine to evaluate. A value
+is compared as SQL compares it with the column: exactly, also when the column's type cannot hold
+it (`m < 300` on an int8 column, a microsecond on a millisecond column, `9.995` on a
+`decimal(10,2)` column).
 
 The Python API's form: a list of tuples, all of which must hold (AND), like pyarrow.parquet's:
     [("id", "=", 5), ("day", "in", ["2026-11-20", "2026-11-21"]), ("name", "starts_with", "a"),
      ("price", "is_not_null")]
 Operators: = == != < <= > >= in not_in is_null is_not_null starts_with ends_with contains.
-A timestamp value is a datetime (UTC when it has no zone) or ISO-8601 text, a decimal value a
-Decimal, an integer or text (not a float, which holds another number).
+A timestamp value is a datetime, ISO-8601 text, a NumPy datetime64 or a date (its midnight),
+UTC when it has no zone; a decimal value a Decimal, an integer or text (not a float, which holds
+another number); a float value a float or an integer.
 The list may also hold pyarrow compute expressions, applied exactly after merging.
 """
 
