@@ -485,7 +485,10 @@ def test_partition_values_of_every_kind_are_matched_by_their_values(tmp_path):
      "has the value '__HIVE_DEFAULT_PARTITION__', the folder name of null values; to delete the null "
      "partition, give null"),
     (lambda t: t.partitions(pa.compute.field("id") > 1),
-     r"cannot be applied to the partition columns \['day'\] alone .*: column 'id' is not a partition column"),
+     r"cannot be applied to the partition columns \['day'\] alone .*: column 'id' is not a partition column .*\. "
+     r"To find the rows that match a condition on other columns, read them"),
+    (lambda t: t.partitions([("id", "=", 1)]), r"filter column\(s\) \['id'\] are not partition columns .* "
+                                               r"To find the rows that match a condition on other columns, read them"),
 ])
 def test_bad_partition_deletions_are_refused_and_nothing_is_written(tmp_path, call, problem):
     table = new_table(str(tmp_path / "t"))
@@ -510,10 +513,11 @@ def test_an_unpartitioned_table_has_no_partitions_to_delete(tmp_path):
     table.write(batch(range(3), 1, "a"))
     assert table.partitions() == []
     for call in (lambda: table.delete_partitions([("day", "=", "d1")]),
-                 lambda: table.partitions([("day", "=", "d1")]),
                  lambda: table.write(pa.table({"day": ["d1"]}), operation="delete_partition")):
         with pytest.raises(nbcc.NbccError, match="no partition columns.*overwrite it with no rows"):
             call()
+    with pytest.raises(nbcc.NbccError, match="the table has no partition columns, so it has no partitions to list"):
+        table.partitions([("day", "=", "d1")])
     assert sorted(rows_of(table.read())) == [0, 1, 2] and len(table.timeline()) == 1
 
 

@@ -86,6 +86,9 @@ Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatc
 log = logging.getLogger(__name__)
 
 _NOTHING_TO_DELETE = "it has no partitions to delete; to delete every row, overwrite it with no rows"
+_NOTHING_TO_LIST = "it has no partitions to list"
+_LIST_INSTEAD = ("To find the rows that match a condition on other columns, read them "
+                 "(table.read(filter=...); include_meta_columns=True gives each row's _nbcc_partition)")
 
 
 @dataclass(frozen=True)
@@ -478,14 +481,15 @@ class Table:
         unpartitioned table has none."""
         if filter is None:
             return _partition_paths(self.storage, self._view(None)) if self.config.partition_by else []
-        return list(self.match_partitions(filter).listed)
+        return list(self.match_partitions(filter, listing=True).listed)
 
-    def match_partitions(self, filter: Any) -> PartitionMatch:
+    def match_partitions(self, filter: Any, listing: bool = False) -> PartitionMatch:
         """The partitions `partitions(filter)` gives, with what a commit that replaces them needs
-        to add those that commits completing meanwhile create (`WriteTransaction.commit`)."""
-        self._check_partitioned(_NOTHING_TO_DELETE)
+        to add those that commits completing meanwhile create (`WriteTransaction.commit`).
+        `listing`: errors say what a listing, not a deletion, can do instead."""
+        self._check_partitioned(_NOTHING_TO_LIST if listing else _NOTHING_TO_DELETE)
         view = self._view(None)
-        expression = self.partition_condition(filter, view.schema)
+        expression = self.partition_condition(filter, view.schema, *([_LIST_INSTEAD] if listing else []))
         paths = matching(_partition_paths(self.storage, view), expression, self.config.partition_by, view.schema)
         return PartitionMatch(tuple(paths), expression,
                               self.config.partition_by, frozenset(i.instant for i in view.completed))
