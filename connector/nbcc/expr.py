@@ -225,8 +225,9 @@ def check_value(column: str, field: pa.Field, op: str, value: Any) -> tuple[str,
         values = [x for x in values if not (isinstance(x, float) and math.isnan(x))]
     counted = _counted(field.type)
     if counted is not None:
-        op, values = _held(op, values, *counted[:2])
-        values = [x if x is None else counted[2](x) for x in values]
+        lo, hi, as_value = counted
+        op, values = _held(op, values, lo, hi)
+        values = [x if x is None else as_value(x) for x in values]
     if not values and op not in ("in", "not_in"):
         return op, None  # is_not_null
     return (op, tuple(values)) if op in ("in", "not_in") else (op, values[0])

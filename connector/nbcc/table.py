@@ -87,6 +87,7 @@ log = logging.getLogger(__name__)
 
 _NOTHING_TO_DELETE = "it has no partitions to delete; to delete every row, overwrite it with no rows"
 _NOTHING_TO_LIST = "it has no partitions to list"
+_DELETE_INSTEAD = "To delete the records that match a condition on other columns, use Table.delete (`nbcc delete`)"
 _LIST_INSTEAD = ("To find the rows that match a condition on other columns, read them "
                  "(table.read(filter=...); include_meta_columns=True gives each row's _nbcc_partition)")
 
@@ -309,8 +310,7 @@ class Table:
         return ReplaceWhere(replace_where, spec, condition)
 
     def partition_condition(self, spec: Any, schema: pa.Schema,
-                          instead: str = "To delete the records that match a condition on other columns, use "
-                                         "Table.delete (`nbcc delete`)") -> pc.Expression | None:
+                            instead: str = _DELETE_INSTEAD) -> pc.Expression | None:
         """`spec` (a filter as `read` takes) as one expression, or InvalidOptionError if it names
         a column that is not a partition column (`instead`: what to do then)."""
         preds, extra = parse_filter(spec, schema)
@@ -489,7 +489,7 @@ class Table:
         `listing`: errors say what a listing, not a deletion, can do instead."""
         self._check_partitioned(_NOTHING_TO_LIST if listing else _NOTHING_TO_DELETE)
         view = self._view(None)
-        expression = self.partition_condition(filter, view.schema, *([_LIST_INSTEAD] if listing else []))
+        expression = self.partition_condition(filter, view.schema, _LIST_INSTEAD if listing else _DELETE_INSTEAD)
         paths = matching(_partition_paths(self.storage, view), expression, self.config.partition_by, view.schema)
         return PartitionMatch(tuple(paths), expression,
                               self.config.partition_by, frozenset(i.instant for i in view.completed))

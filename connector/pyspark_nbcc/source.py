@@ -291,22 +291,22 @@ class DefaultSource(DataSource):
                 if stream_only and not batch_only:
                     raise stream_error from None
                 raise InvalidOptionError(f"{batch_error}; as spark.readStream: {stream_error}") from None
-        self._arrow_schema = read_schema(table.storage, table.config, options)
-        self._own_schema = _spark_schema(self._arrow_schema)
+        self._table_schema = read_schema(table.storage, table.config, options)
+        self._own_schema = _spark_schema(self._table_schema)
         return self._own_schema  # pickled with the source: reader() knows Spark took it from here
 
     def reader(self, schema: StructType) -> "NbccReader":
         table, options, max_bytes = self._read_setup()
         follows_table = schema == getattr(self, "_own_schema", None)
-        arrow_schema = getattr(self, "_arrow_schema", None)
+        table_schema = getattr(self, "_table_schema", None)
         if not follows_table:  # given with .schema(...)
-            arrow_schema = read_schema(table.storage, table.config, options)
-            _check_given_schema(schema, _spark_schema(arrow_schema),
+            table_schema = read_schema(table.storage, table.config, options)
+            _check_given_schema(schema, _spark_schema(table_schema),
                                 [] if options.is_cdc else table.schema().names)  # cdc: columns in before/after
         if not _pushdown_enabled():
             return NbccReader(table.uri, table.storage.storage_options, schema, options, max_bytes, follows_table)
         return NbccPushdownReader(table.uri, table.storage.storage_options, schema, options, max_bytes, follows_table,
-                                  arrow_schema)
+                                  table_schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> "NbccWriter":
         uri = _table_uri(self.options)
@@ -491,11 +491,25 @@ class NbccPushdownReader(NbccReader):
 _GAP_DATE = datetime.date(1582, 10, 15)
 # TIMESTAMP values go through that calendar too: those in the skipped days arrive on 1582-10-15.
 # Before 1900 time zones kept local mean time, which that conversion may also take otherwise than
-# Spark: such values are left to Spark (TIMESTAMP_NTZ values arrive exact).
+# Spark (TIMESTAMP_NTZ values arrive exact).
 _SAFE_TIMESTAMPS_FROM = datetime.datetime(1900, 1, 1, tzinfo=datetime.timezone.utc)
 # PySpark makes a pushed DECIMAL value in Python's default decimal context, which rounds it to 28
 # digits: one of 28 or more may be another number than the query's.
 _EXACT_DECIMAL_DIGITS = 28
+
+
+def _maybe_altered(t: pa.DataType, values: Iterable[Any]) -> bool:
+    """May Spark's hand-over have made one of a filter's `values` on a column of type `t`
+    another value than the query's? Such a filter is left to Spark."""
+    if pa.types.is_date(t):
+        return _GAP_DATE in values
+    if pa.types.is_timestamp(t) and t.tz is not None:
+        return any(isinstance(v, datetime.datetime) and v.tzinfo is not None and v < _SAFE_TIMESTAMPS_FROM
+                   for v in values)
+    if pa.types.is_decimal(t):
+        return any(isinstance(v, decimal.Decimal) and len(v.as_tuple().digits) >= _EXACT_DECIMAL_DIGITS
+                   for v in values)
+    return False
 
 
 def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate | None:
@@ -533,16 +547,8 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
         if op is None:
             return None
         value = inner.value
-    if pa.types.is_date(field.type) and _GAP_DATE in (value if op == "in" else (value,)):
-        return None  # maybe another date: Spark applies it (_GAP_DATE)
-    if pa.types.is_timestamp(field.type) and field.type.tz is not None and any(
-            isinstance(v, datetime.datetime) and v.tzinfo is not None and v < _SAFE_TIMESTAMPS_FROM
-            for v in (value if op == "in" else (value,))):
-        return None  # maybe another time: Spark applies it (_SAFE_TIMESTAMPS_FROM)
-    if pa.types.is_decimal(field.type) and any(
-            isinstance(v, decimal.Decimal) and len(v.as_tuple().digits) >= _EXACT_DECIMAL_DIGITS
-            for v in (value if op == "in" else (value,))):
-        return None  # maybe rounded: Spark applies it (_EXACT_DECIMAL_DIGITS)
+    if _maybe_altered(field.type, value if op == "in" else (value,)):
+        return None
     if negated:
         flipped = {"=": "!=", "in": "not_in", "is_null": "is_not_null", "is_not_null": "is_null"}
         if op not in flipped:
