@@ -711,6 +711,29 @@ def test_spark_lookups_on_an_unsigned_key_with_values_it_cannot_hold(spark, tmp_
                 assert got == expected, (enabled, where)
 
 
+def test_spark_filters_on_uint64_columns_are_applied_by_nbcc(spark, tmp_path):
+    # Spark sees a uint64 column as DECIMAL(20, 0) and pushes Decimal values; nbcc takes the whole
+    # ones as integers, so a key lookup opens only its file group and a range skips by statistics.
+    schema = pa.schema([pa.field("k", pa.uint64(), nullable=False), pa.field("u", pa.uint64())])
+    uri = str(tmp_path / "t")
+    table = nbcc.Table.create(uri, schema, "k", buckets=8)
+    big = 2**63
+    keys = [1, 2, 3, big, big + 1, 2**64 - 1] + list(range(10, 40))
+    table.write(pa.table({"k": pa.array(keys, pa.uint64()), "u": pa.array(keys, pa.uint64())}, schema=schema))
+    groups = len(table.file_slices())
+    assert groups == 8
+    for where, expected, most_groups in [(f"k = {big + 1}", [big + 1], 1), (f"k IN ({big}, 2)", [2, big], 2),
+                                         (f"u >= {big}", [big, big + 1, 2**64 - 1], 3),
+                                         ("u = 0", [], 0), (f"k > {2**64 - 1}", [], 0)]:
+        counts = {}
+        for enabled in (False, True):
+            with pushdown(spark, enabled):
+                df = spark.read.format("nbcc").option("max_partition_bytes", "1").load(uri).where(where)
+                assert sorted(int(r.k) for r in df.collect()) == expected, (enabled, where)
+                counts[enabled] = df.rdd.getNumPartitions()
+        assert counts[False] == groups and counts[True] <= max(most_groups, 1), (where, counts)
+
+
 def test_spark_date_filters_in_the_days_the_julian_calendar_skipped(spark, tmp_path):
     # Spark hands pushed date values over through the hybrid Julian/Gregorian calendar, where
     # 1582-10-05..14 do not exist: each arrived as 1582-10-15, and matched that date's rows.

@@ -512,6 +512,14 @@ def _maybe_altered(t: pa.DataType, values: Iterable[Any]) -> bool:
     return False
 
 
+def _whole(value: Any) -> Any:
+    """A pushed value for an unsigned integer column as an int when it is a whole Decimal (uint64
+    columns are DECIMAL(20, 0) in Spark); any other value as it came."""
+    if isinstance(value, decimal.Decimal) and value.is_finite() and value == value.to_integral_value():
+        return int(value)
+    return value
+
+
 def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate | None:
     """The predicate for a Spark filter, or None if nbcc cannot apply it exactly."""
     negated = isinstance(f, Not)
@@ -549,6 +557,8 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
         value = inner.value
     if _maybe_altered(field.type, value if op == "in" else (value,)):
         return None
+    if pa.types.is_unsigned_integer(field.type):  # a uint64 is Spark's DECIMAL(20, 0): whole numbers
+        value = tuple(map(_whole, value)) if op == "in" else _whole(value)
     if negated:
         flipped = {"=": "!=", "in": "not_in", "is_null": "is_not_null", "is_not_null": "is_null"}
         if op not in flipped:
