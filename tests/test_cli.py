@@ -18,6 +18,7 @@ import sys
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -1028,6 +1029,34 @@ def test_index_errors_are_clear(local_table, tmp_path, capsys):
     code, out, _ = run(capsys, "index", uri)
     assert code == 0 and rows_of(out)[0] == ["files", "building"]
     assert "pending indexing" in out and "to resume it" in out
+
+
+def test_python_filters_are_recorded_as_conditions_the_cli_reads_as_the_same_filter(tmp_path, capsys):
+    # History spells a Python filter's values (dates, datetimes, datetime64, decimals, floats) as
+    # conditions that `nbcc delete --where` takes back and matches the same records with.
+    schema = pa.schema([("id", pa.int64()), ("d", pa.date32()), ("at", pa.timestamp("ms", tz="UTC")),
+                        ("naive", pa.timestamp("us")), ("amount", pa.decimal128(10, 2)), ("x", pa.float64())])
+    days = [dt.date(2026, 11, 18) + dt.timedelta(days=i) for i in range(6)]
+    rows = pa.table({"id": range(6), "d": days,
+                     "at": [dt.datetime(2026, 11, 20, 12, tzinfo=dt.timezone.utc) + dt.timedelta(hours=i * 7)
+                            for i in range(6)],
+                     "naive": [dt.datetime(2026, 11, 20, 0, 0, 0, 250 * i) for i in range(6)],
+                     "amount": [Decimal(i) / 4 for i in range(6)], "x": [i / 3 for i in range(6)]}, schema=schema)
+    filters = [[("d", ">=", dt.date(2026, 11, 21))], [("at", "<", dt.date(2026, 11, 21))],
+               [("at", ">", dt.datetime(2026, 11, 21, 1, 30, tzinfo=dt.timezone(dt.timedelta(hours=-5))))],
+               [("naive", "in", [np.datetime64("2026-11-20T00:00:00.000250"), dt.datetime(2026, 11, 20, 0, 0, 0, 750)])],
+               [("amount", "<=", Decimal("0.75")), ("x", ">", 0.5)], [("d", "not_in", days[:2] + days[3:5])]]
+    for i, spec in enumerate(filters):
+        given, again = (nbcc.Table.create(str(tmp_path / f"{name}{i}"), schema, "id", buckets=2) for name in "ga")
+        for table in (given, again):
+            table.write(rows)
+        matched = sorted(given.read(filter=spec).column("id").to_pylist())
+        assert 0 < len(matched) < 6, spec
+        given.delete(spec)
+        condition = given.history(limit=1)[0].parameters["condition"]
+        code, out, err = run(capsys, "delete", str(tmp_path / f"a{i}"), "--where", condition)
+        assert code == 0 and err == "", (spec, condition, err)
+        assert sorted(set(range(6)) - set(again.read().column("id").to_pylist())) == matched, (spec, condition)
 
 
 def test_conditions_on_float_timestamp_and_decimal_columns_are_recorded_as_they_can_be_given_again(

@@ -7,7 +7,7 @@ import pyarrow as pa
 import pytest
 
 import nbcc
-from nbcc.conditions import parse_condition
+from nbcc.conditions import parse_condition, parse_conditions
 from nbcc.filenames import make_token
 from nbcc.writer import prepare
 
@@ -123,6 +123,25 @@ def test_nothing_matching_writes_nothing_and_bad_filters_are_refused(local_table
 ])
 def test_command_line_conditions_are_read_as_sql_reads_them(text, expected):
     assert parse_condition(text) == expected
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("s = a and b = 2", [("s", "=", "a"), ("b", "=", "2")]),
+    ("day >= 2026-11-01 AND s = 'salt and pepper' AND x IS NULL",
+     [("day", ">=", "2026-11-01"), ("s", "=", "salt and pepper"), ("x", "is_null")]),
+    ("a in (1, 2) And `b and c` not in ('x and y', z)", [("a", "in", ["1", "2"]), ("b and c", "not_in", ["x and y", "z"])]),
+    ("ts >= '2026-01-01 10:00:00' and ts < 2026-01-02", [("ts", ">=", "2026-01-01 10:00:00"), ("ts", "<", "2026-01-02")]),
+    ("s = sandy", [("s", "=", "sandy")]),
+])
+def test_command_line_where_takes_conditions_joined_by_and(text, expected):
+    assert parse_conditions(text) == expected
+
+
+@pytest.mark.parametrize("text", ["s = a and", "and s = a", "s = a and and b = 1", "s = a and b", "s = a or b = 1",
+                                  "s = tom and jerry", "s = 'a' and t = 'b"])
+def test_command_line_where_refuses_what_is_not_conditions_joined_by_and(text):
+    with pytest.raises(nbcc.InvalidOptionError):
+        parse_conditions(text)
 
 
 @pytest.mark.parametrize("text", ["s >= ", "s<=", "s = ", "s = a and b = 2", "s = 'a", "s = a,b", "s in ()",

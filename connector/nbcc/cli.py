@@ -58,7 +58,7 @@ from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS, check_retention
 from .clock import parse_time, parse_time_option
 from .compaction import compaction_to_run
-from .conditions import parse_assignment, parse_condition, typed_condition, typed_value, with_column_as_spelled
+from .conditions import parse_assignment, parse_conditions, typed_condition, typed_value, with_column_as_spelled
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
 from .metadata_table import DROPPING, KINDS, check_kinds
@@ -464,13 +464,13 @@ _CONDITION_HELP = ("'COL OP VALUE' (OP: = == != <> < <= > >=), 'COL in V1,V2', '
 def _add_conditions(parser: argparse.ArgumentParser, what: str, dry_run: str) -> None:
     """The options of the commands that delete what matches: --where (repeatable), --dry-run."""
     parser.add_argument("--where", metavar="CONDITION", type=_where, action="append", required=True,
-                        help=f"{what}: {_CONDITION_HELP}; repeat to require all")
+                        help=f"{what}: {_CONDITION_HELP}; join conditions with AND, or repeat --where, to require all")
     parser.add_argument("--dry-run", action="store_true", help=dry_run)
 
 
-def _where(text: str) -> tuple[Any, ...]:
+def _where(text: str) -> list[tuple[Any, ...]]:
     try:
-        return parse_condition(text)
+        return parse_conditions(text)
     except InvalidOptionError as exc:  # bad usage: exits 2 with the usage line
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -485,7 +485,7 @@ def _assignment(text: str) -> tuple[str, str | None]:
 def _conditions(table: Table, args: argparse.Namespace) -> list[Any]:
     """The `--where` conditions as a filter, their values in their columns' types."""
     schema = table.schema()
-    return [typed_condition(with_column_as_spelled(item, schema), schema) for item in args.where]
+    return [typed_condition(with_column_as_spelled(item, schema), schema) for given in args.where for item in given]
 
 
 def _completed(table: Table, instant: str) -> tuple[Any, dict[str, Any]]:

@@ -1,7 +1,7 @@
 """Conditions written as text, turned into filters that `expr.parse_filter` takes:
 
-- the command line's `--where` (`parse_condition`): `COL OP VALUE`, `COL in V1,V2`,
-  `COL not in V1,V2`, `COL is [not] null`, values as text (quotes optional);
+- the command line's `--where` (`parse_conditions`): `COL OP VALUE`, `COL in V1,V2`,
+  `COL not in V1,V2`, `COL is [not] null`, values as text (quotes optional), joined by AND;
 - Delta's `replaceWhere` SQL (`parse_predicate`): such conditions joined by AND, with SQL's
   quoting, `IN (...)`, `BETWEEN`, and typed `DATE`/`TIMESTAMP` literals.
 
@@ -57,7 +57,7 @@ def _values(text: str, single: bool = False, refuse_null: bool = False) -> list[
             raise InvalidOptionError(
                 f"{text!r} is not {'a value' if single else 'a list of values V1,V2'}: quote a value that holds "
                 "commas, quotes or the word AND or OR ('a, b', 'it''s'); conditions are joined by AND (on "
-                "the command line, by repeating --where), and OR is not supported")
+                "the command line, also by repeating --where), and OR is not supported")
         if refuse_null and m[3] is not None and m[3].lower() == "null":
             # SQL's `= NULL` matches nothing, and `--set COL=NULL` sets a null: neither is the text.
             raise InvalidOptionError("NULL is not a value to compare with (in SQL, = NULL matches no row): write "
@@ -76,6 +76,15 @@ def parse_condition(text: str, refuse_null: bool = True) -> tuple[Any, ...]:
     quoted literals, says so itself)."""
     column, *rest = _parse_condition(text, refuse_null)
     return (_unquoted_name(column), *rest)
+
+
+def parse_conditions(text: str) -> list[tuple[Any, ...]]:
+    """The command line's `--where`: one condition (`parse_condition`'s) or several joined by
+    AND, as `nbcc history` records a filter (`day >= 2026-11-01 AND status = test`). An AND
+    inside quotes is part of a value; a bare value holding one is refused, so nothing that was
+    one condition is read as two."""
+    masked, literals = _masked(text)
+    return [parse_condition(_unmasked(part, literals)) for part in _split_and(masked)]
 
 
 def _parse_condition(text: str, refuse_null: bool) -> tuple[Any, ...]:
@@ -98,6 +107,22 @@ def _parse_condition(text: str, refuse_null: bool) -> tuple[Any, ...]:
 # Quoted literals, and column names in backticks (masked alike: a quote inside one is no literal).
 _LITERAL = re.compile(r"""'(?:[^']|'')*'|"(?:[^"]|"")*"|`(?:[^`]|``)*`""")
 _HOLE = re.compile(r"\x00(\d+)\x00")
+
+
+def _masked(text: str) -> tuple[str, list[str]]:
+    """`text` with each quoted literal and name in backticks replaced by a numbered hole, and
+    those literals (so that keywords and ANDs are looked for outside them)."""
+    literals: list[str] = []
+
+    def hole(m: re.Match) -> str:
+        literals.append(m[0])
+        return f"\x00{len(literals) - 1}\x00"
+
+    return _LITERAL.sub(hole, text), literals
+
+
+def _unmasked(masked: str, literals: list[str]) -> str:
+    return _HOLE.sub(lambda m: literals[int(m[1])], masked)
 _SQL_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 
@@ -144,17 +169,11 @@ def parse_predicate(text: str) -> list[tuple[Any, ...]]:
     NOT (but NOT IN) are refused, and so is any value that is neither a quoted literal, a number
     nor true/false (a column, a function, NULL, arithmetic): read as text, it would match other
     partitions than SQL's."""
-    literals: list[str] = []
-
-    def hole(m: re.Match) -> str:
-        literals.append(m[0])
-        return f"\x00{len(literals) - 1}\x00"
-
     def unmasked(masked: str) -> str:
-        return _HOLE.sub(lambda m: literals[int(m[1])], masked)
+        return _unmasked(masked, literals)
 
     # Keywords are looked for only outside quoted literals: 'by date' is no DATE literal.
-    body = _LITERAL.sub(hole, text.strip())
+    body, literals = _masked(text.strip())
     if "'" in body or '"' in body or "`" in body:
         raise InvalidOptionError(f"{text!r} has an unbalanced quote")
     typed_literals: dict[int, type] = {}  # literal -> its SQL type, for those given one

@@ -472,13 +472,17 @@ def sql_name(column: str) -> str:
 
 
 def sql_literal(value: Any) -> str:
-    """`value` spelled as a SQL literal, for descriptions."""
+    """`value` spelled as a literal of nbcc's conditions (`nbcc delete --where` reads it back),
+    for descriptions: times and dates as quoted ISO text, which a date or timestamp column
+    reads as the value given."""
     if value is None:
         return "NULL"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dt.date) and not isinstance(value, dt.datetime):
-        return f"DATE '{value.isoformat()}'"
+        value = value.isoformat()
+    elif isinstance(value, np.datetime64):
+        value = np.datetime_as_string(value)
     if isinstance(value, (str, dt.datetime)):
         return "'" + str(value).replace("'", "''") + "'"
     return str(value)
