@@ -41,6 +41,7 @@ import pytest
 
 import nbcc
 import nbcc.writer
+from nbcc.scan import iter_plan
 from nbcc.view import table_schema
 from nbcc.schema import schema_to_json
 from nbcc.timeline import Instant
@@ -875,6 +876,44 @@ def test_meta_columns_name_the_winning_commit_its_key_partition_and_file_group(l
         assert streamed.schema == whole.schema
         assert sorted(streamed.read_all().to_pylist(), key=lambda r: r["id"]) == sorted(
             whole.to_pylist(), key=lambda r: r["id"]), options
+
+
+def test_read_batches_reads_ahead_hands_errors_over_and_stops_with_its_caller(tmp_path):
+    schema = pa.schema([("id", pa.int64()), ("v", pa.string())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id", buckets=8)
+    table.write(pa.table({"id": range(4000), "v": [f"v{i}" for i in range(4000)]}, schema=schema))
+
+    def reading_ahead() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "nbcc-read-ahead"]
+
+    def gone() -> bool:
+        deadline = time.monotonic() + 10
+        while reading_ahead() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return not reading_ahead()
+
+    # Every row, in the plan's order (the order a read without reading ahead gives).
+    plan = table.plan()
+    in_order = pa.Table.from_batches(list(iter_plan(table.storage, plan)), plan.output_schema)
+    assert table.read_batches().read_all().equals(in_order) and in_order.num_rows == 4000
+    assert gone()
+    # A caller that drops the reader after one batch stops the thread.
+    reader = table.read_batches()
+    assert reader.read_next_batch().num_rows
+    assert reading_ahead()
+    del reader
+    assert gone()
+    # An error while reading ahead reaches the caller as a read's error does.
+    reader = table.read_batches()
+    victim = table.file_slices()[5]
+    table.storage.delete(f"{victim.partition}/{victim.log_files[0]}".lstrip("/"))
+    with pytest.raises(Exception) as streamed:
+        reader.read_all()
+    with pytest.raises(Exception) as whole:
+        table.read()
+    assert type(streamed.value) is type(whole.value) and str(streamed.value) == str(whole.value)
+    assert victim.log_files[0] in str(streamed.value)
+    assert gone()
 
 
 def test_columns_errors_say_what_is_wrong(local_table):

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import queue
+import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Mapping
@@ -749,12 +751,56 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     return out.filter(keep).cast(plan.output_schema)
 
 
-def iter_plan(storage: Storage, plan: ScanPlan) -> Iterator[pa.RecordBatch]:
+def iter_plan(storage: Storage, plan: ScanPlan, read_ahead: int = 0) -> Iterator[pa.RecordBatch]:
     """The rows of a plan as record batches, task after task and piece by piece, so that
-    memory holds one piece of one file group at a time (iter_task)."""
-    for task in plan.tasks:
-        for rows in iter_task(storage, plan, task):
-            yield from rows.to_batches()
+    memory holds one piece of one file group at a time (iter_task). With `read_ahead` and more
+    than one task, a thread reads up to that many pieces ahead while the caller consumes one
+    (memory: that many pieces more)."""
+    pieces = (rows for task in plan.tasks for rows in iter_task(storage, plan, task))
+    for rows in (_read_ahead(pieces, read_ahead) if read_ahead and len(plan.tasks) > 1 else pieces):
+        yield from rows.to_batches()
+
+
+def _read_ahead(items: Iterator[Any], depth: int) -> Iterator[Any]:
+    """`items`, computed by a thread up to `depth` ahead of the caller. Reading and merging
+    (Parquet decoding, Arrow kernels) release the GIL, so they overlap with what the caller does
+    with the previous piece. An error reaches the caller where it took place; a caller that
+    drops the iterator early stops the thread."""
+    ahead: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def offer(entry: tuple[Any, BaseException | None]) -> bool:
+        """Queue `entry` once there is room; False if the caller stopped first."""
+        while not stop.is_set():
+            try:
+                ahead.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not offer((item, None)):
+                    return
+            offer((end, None))
+        except BaseException as exc:  # handed to the caller, raised there
+            offer((end, exc))
+
+    thread = threading.Thread(target=produce, name="nbcc-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item, error = ahead.get()
+            if error is not None:
+                raise error
+            if item is end:
+                return
+            yield item
+    finally:
+        stop.set()
 
 
 def read_plan(storage: Storage, plan: ScanPlan, threads: int = 4) -> pa.Table:

@@ -681,14 +681,15 @@ class Table:
                      filter: Any = None, use_metadata_table: Any = None,
                      columns: Sequence[str] | None = None) -> pa.RecordBatchReader:
         """`read` as a stream of record batches, for tables larger than memory: file group after
-        file group, so memory holds one file group's merged rows (a piece of one, for file
-        groups over the merge budget), where `read` holds the whole result. The read is planned
-        now; its files are read as the batches are taken. DuckDB, Polars and pandas consume a
+        file group, so memory holds about two file groups' merged rows (pieces of them, for file
+        groups over the merge budget): the one being taken, and the next, which a thread reads
+        meanwhile. `read` holds the whole result. The read is planned now; its files are read as
+        the batches are taken. DuckDB, Polars and pandas consume a
         RecordBatchReader directly (`duckdb.sql("SELECT ... FROM reader")`)."""
         plan = self.plan(as_of=as_of, query_type=query_type, begin=begin, end=end,
                          incremental_format=incremental_format, include_meta_columns=include_meta_columns,
                          filter=filter, use_metadata_table=use_metadata_table, columns=columns)
-        return pa.RecordBatchReader.from_batches(plan.output_schema, iter_plan(self.storage, plan))
+        return pa.RecordBatchReader.from_batches(plan.output_schema, iter_plan(self.storage, plan, read_ahead=1))
 
     def restore(self, as_of: Any, *, user_metadata: str | None = None) -> str:
         """Make the table's rows those it had as of `as_of` (as `read(as_of=...)` gives them), in
