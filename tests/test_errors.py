@@ -323,6 +323,33 @@ def test_a_damaged_table_json_names_the_table_and_the_problem(table):
             nbcc.Table.open(table.uri)
 
 
+def test_a_damaged_timeline_file_names_the_file_and_the_problem(table, capsys):
+    from nbcc.cli import main
+
+    table.compact()
+    table.write(pa.table({"id": [3], "name": ["c"], "ts": [1]}))
+    expected = table.read().sort_by("id").to_pylist()
+    timeline = Path(table.uri, ".nbcc", "timeline")
+    [commit] = sorted(timeline.glob("*.commit"))
+    [plan] = sorted(timeline.glob("*.compaction.requested"))
+    latest = sorted(timeline.glob("*.deltacommit"))[-1]
+    for path, damaged, problem in [(latest, "garbage", "not JSON: Expecting value"), (latest, "", "empty"),
+                                   (latest, '{"files": {}}', "no list 'files'"), (commit, "[]", "a JSON list, not an object"),
+                                   (plan, '{"instant": "2026', "not JSON: Unterminated string")]:
+        good = path.read_bytes()
+        path.write_text(damaged)
+        nbcc.timeline._CACHE.clear()  # as in a new process: this one read the good file
+        with pytest.raises(nbcc.TimelineFileError) as caught:
+            table.read()
+        message = str(caught.value)
+        assert message.startswith(f"{table.uri}/.nbcc/timeline/{path.name} is damaged ({problem}")
+        assert "Put the file back from a backup" in message
+        assert main(["describe", table.uri]) == 1
+        assert capsys.readouterr().err == f"nbcc: error: {message}\n"
+        path.write_bytes(good)
+        assert table.read().sort_by("id").to_pylist() == expected
+
+
 @pytest.mark.parametrize("version", [6, 0, "2"])
 def test_a_table_of_another_format_version_is_refused_and_the_message_says_so(table, version):
     # format.md §3: `format_version` is 1 (2 once a dynamic partition overwrite began, 3 once a

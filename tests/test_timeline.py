@@ -187,9 +187,9 @@ def test_completing_an_instant_twice_raises_commit_error(any_table):
     st = Storage(uri, opts)
     create_requested(st, T1, "deltacommit", {})
     create_inflight(st, T1, "deltacommit", {})
-    create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 1})
+    create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 1, "files": []})
     with pytest.raises(CommitError, match=T1):
-        create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 2})
+        create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 2, "files": []})
     # The first commit's metadata is untouched.
     assert read_commit_metadata(st, Timeline.load(st).get(T1))["attempt"] == 1
 
@@ -201,9 +201,9 @@ def test_completing_an_instant_again_with_a_new_completion_time_raises_commit_er
     st = Storage(uri, opts)
     create_requested(st, T1, "deltacommit", {})
     create_inflight(st, T1, "deltacommit", {})
-    create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 1})
+    create_completed(st, T1, _grant(T2), "deltacommit", {"attempt": 1, "files": []})
     with pytest.raises(CommitError, match=T1):
-        create_completed(st, T1, _grant(T3), "deltacommit", {"attempt": 2})
+        create_completed(st, T1, _grant(T3), "deltacommit", {"attempt": 2, "files": []})
     assert Timeline.load(st).completion_times() == {T1: T2}
     assert [n for n in st.list_names(TIMELINE) if parse_instant_file(n).is_completed] == [
         f"{T1}_{T2}.deltacommit"

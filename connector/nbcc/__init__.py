@@ -16,6 +16,7 @@ from .errors import (
     TableConfigError,
     TableExistsError,
     TableNotFoundError,
+    TimelineFileError,
 )
 from .file_slices import FileSlice, build_file_slices
 from .history import CommitInfo
@@ -27,6 +28,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Table", "Instant", "CommitInfo", "FileSlice", "build_file_slices", "bucket_ids", "file_group_id",
     "NbccError", "TableNotFoundError", "TableExistsError", "InvalidOptionError", "SchemaError",
-    "DataFileError", "LockTimeoutError", "LockLostError", "CommitError", "StorageError",
+    "DataFileError", "TimelineFileError", "LockTimeoutError", "LockLostError", "CommitError", "StorageError",
     "TableConfigError",
 ]

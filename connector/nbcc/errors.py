@@ -25,6 +25,11 @@ class SchemaError(NbccError, ValueError):
     """Data does not fit the table's schema, or a record key / ordering value is invalid."""
 
 
+class TimelineFileError(NbccError):
+    """A file on the timeline (a commit's metadata, a compaction's or a clean's plan) is damaged:
+    not JSON, or without a field every reader needs."""
+
+
 class DataFileError(NbccError):
     """A committed data file is missing or unreadable; the read stops rather than drop rows."""
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .clock import TIME_LEN, LockGrant
-from .errors import CommitError
+from .errors import CommitError, TimelineFileError
 from .storage import Storage
 
 TIMELINE_DIR = ".nbcc/timeline"
@@ -148,6 +148,32 @@ _CACHE_LOCK = threading.Lock()
 _CACHE_SIZE = 20_000
 
 
+# The lists a completed file of each action must hold: readers build file slices from them.
+_COMMIT_LISTS = {action: ("files",) for action in (*DATA_ACTIONS, COMPACTION_COMMIT)}
+
+
+def read_timeline_file(storage: Storage, name: str, what: str, lists: Iterable[str] = ()) -> dict[str, Any]:
+    """The JSON object of timeline file `name` (`what` it is, for the error), which must hold a
+    list under each of `lists`; TimelineFileError, naming the file, if it is damaged
+    (FileNotFoundError if it is missing, which callers handle)."""
+    path = f"{TIMELINE_DIR}/{name}"
+    data = storage.read_bytes(path)
+    try:
+        doc = json.loads(data)
+        problem = None if isinstance(doc, dict) else f"a JSON {type(doc).__name__}, not an object"
+    except (ValueError, UnicodeDecodeError) as exc:
+        problem = f"not JSON: {exc}" if data.strip() else "empty"
+    if problem is None:
+        missing = [key for key in lists if not isinstance(doc.get(key), list)]
+        problem = f"no list {missing[0]!r}" if missing else None
+    if problem is not None:
+        raise TimelineFileError(
+            f"{storage.uri.rstrip('/')}/{path} is damaged ({problem}); it holds {what}, which reads of the "
+            "table need. Put the file back from a backup or the storage's earlier versions of it (S3 object "
+            "versioning, a snapshot): nbcc will not guess what it held")
+    return doc
+
+
 def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
     if not instant.is_completed:
         raise CommitError(f"instant {instant.instant} is {instant.state}; only completed instants have metadata")
@@ -160,7 +186,8 @@ def read_commit_metadata(storage: Storage, instant: Instant) -> dict[str, Any]:
             _CACHE.move_to_end(key)
             return hit
     try:
-        meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant.file_name}"))
+        meta = read_timeline_file(storage, instant.file_name, f"the commit metadata of {instant.action} "
+                                  f"{instant.instant}", _COMMIT_LISTS.get(instant.action, ()))
     except FileNotFoundError:
         load_history(storage)  # archived since it was listed
         if (storage.uri, instant.instant) in _HISTORY_METADATA:
@@ -290,7 +317,8 @@ def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
     if hit is not None:
         return hit
     try:
-        plan = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{instant}.{COMPACTION}.{REQUESTED}"))
+        plan = read_timeline_file(storage, f"{instant}.{COMPACTION}.{REQUESTED}",
+                                  f"the plan of compaction {instant}")
     except FileNotFoundError:
         load_history(storage)
         if (storage.uri, instant) not in _HISTORY_PLANS:
@@ -389,7 +417,8 @@ def read_cleans(storage: Storage, timeline: Timeline, _attempts: int = 3) -> lis
             out.append((inst, read_commit_metadata(storage, inst)))
             continue
         try:
-            out.append((inst, json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.instant}.{CLEAN}.{REQUESTED}"))))
+            out.append((inst, read_timeline_file(storage, f"{inst.instant}.{CLEAN}.{REQUESTED}",
+                                                 f"the plan of clean {inst.instant}")))
         except FileNotFoundError:
             if _attempts > 0:
                 return read_cleans(storage, Timeline.load(storage), _attempts - 1)
