@@ -543,6 +543,31 @@ def test_a_writer_whose_write_was_rolled_back_by_hand_is_told_so(local_table):
         txn.commit(files)
     assert snapshot(nbcc.Table.open(uri)) == expected
 
+def test_a_write_rolled_back_while_it_writes_its_files_is_told_so(local_table):
+    # A cleaner that took a slow write for dead deleted the files it was still writing: its
+    # writer failed on a vanished file (FileNotFoundError from fsync), not saying why.
+    uri, _ = local_table
+    table, ref = table_with_rows(uri)
+    expected = ref.expected()
+    schema = SCHEMA
+    n = 140_000  # more than the rows a write gathers before it writes them (writer.COALESCE_ROWS)
+    rows = pa.table({"id": range(n), "part": ["p"] * n, "ts": [1] * n, "v": [f"value {i:>20}" for i in range(n)]},
+                    schema=schema)
+
+    def batches():
+        yield from rows.to_batches(max_chunksize=10_000)
+        [txn] = [i.instant for i in table.timeline() if i.state == "inflight"]
+        assert files_of_instant(data_files(uri), txn), "no file was open yet"
+        assert table.rollback(txn) is True  # its files are deleted while its writer still has them open
+        yield from rows.slice(0, 100).to_batches()
+
+    with pytest.raises(nbcc.CommitError) as err:
+        table.write(pa.RecordBatchReader.from_batches(schema, batches()), max_log_file_bytes=1 << 20)
+    assert str(err.value).endswith("was rolled back: a manual rollback (`nbcc rollback` or Table.rollback); its "
+                                   "files are gone: write the data again")
+    assert snapshot(nbcc.Table.open(uri)) == expected
+
+
 # -- 4. cleaning -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("after_plan", ["upserts", "overwrite"])

@@ -268,6 +268,27 @@ def _rollback_reason(storage: Storage, mark_path: str) -> str | None:
     return reason.strip() if isinstance(reason, str) and reason.strip() else None
 
 
+def _rolled_back(storage: Storage, instant: str, names: Iterable[str]) -> CommitError | None:
+    """The error of a writer of `instant` once a rollback marked it (one of `names`, the
+    timeline's names that start with it); None if none did."""
+    for name in names:
+        if name.startswith(f"{instant}.") and name.endswith(f".{ROLLEDBACK}"):
+            why = _rollback_reason(storage, f"{TIMELINE_DIR}/{name}")
+            why = f": {why}" if why else " (its heartbeat expired, or its job aborted)"
+            return CommitError(f"instant {instant} was rolled back{why}; its files are gone: write the data again")
+    return None
+
+
+def rolled_back_error(storage: Storage, instant: str) -> CommitError | None:
+    """`_rolled_back`, listing the timeline: why a write of `instant` that failed to write a file
+    failed, when a rollback deleted its files meanwhile (a cleaner took it for dead); None if it
+    was not rolled back, or the timeline cannot be listed (the first failure is the one to tell)."""
+    try:
+        return _rolled_back(storage, instant, storage.list_names(TIMELINE_DIR, prefix=instant))
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def create_completed(storage: Storage, instant: str, grant: LockGrant, action: str,
                      metadata: dict[str, Any]) -> str:
     """Publish a commit under the table lock `grant`, whose time is its completion time (returned).
@@ -280,10 +301,9 @@ def create_completed(storage: Storage, instant: str, grant: LockGrant, action: s
     for name in names:
         if name.startswith(f"{instant}_"):
             raise CommitError(f"instant {instant} is already completed ({name})")
-        if name.endswith(f".{ROLLEDBACK}"):
-            why = _rollback_reason(storage, f"{TIMELINE_DIR}/{name}")
-            why = f": {why}" if why else " (its heartbeat expired, or its job aborted)"
-            raise CommitError(f"instant {instant} was rolled back{why}; its files are gone: write the data again")
+    stopped = _rolled_back(storage, instant, names)
+    if stopped is not None:
+        raise stopped
     # Its requested file must still be there: one rolled back and then archived has lost its
     # mark, and only its requested file is never made again (a writer that stalled through the
     # rollback can still put its inflight file afterwards).

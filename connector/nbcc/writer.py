@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import decimal
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -24,6 +25,7 @@ from .filenames import data_file_path, log_file_name
 from .partitions import NULL_PARTITION, check_partition_values, distinct_partitions, split_rows
 from .schema import COMMIT_TIME_COL, IS_DELETED_COL, META_PREFIX, RECORD_KEY_COL, conform, constant_strings, file_schema
 from .storage import Storage
+from .timeline import rolled_back_error
 
 # Spark hands over 10k-row batches; buffer them so that row groups are big enough to read fast.
 ROW_GROUP_ROWS = 256 * 1024
@@ -341,6 +343,22 @@ class _OpenLog:
     stats: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def _told_if_rolled_back(method: Any) -> Any:
+    """A LogWriter method whose OSError, when a rollback of the instant deleted its files
+    meanwhile (a cleaner took the write for dead), is raised as the CommitError its commit would
+    get, saying so, rather than as a file that vanished."""
+    @functools.wraps(method)
+    def wrapper(self: "LogWriter", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(self, *args, **kwargs)
+        except OSError as failure:
+            stopped = rolled_back_error(self.storage, self.instant)
+            if stopped is None:
+                raise
+            raise stopped from failure
+    return wrapper
+
+
 class LogWriter:
     """Appends prepared rows to the log files of one (instant, token)."""
 
@@ -359,6 +377,7 @@ class LogWriter:
         self._unsynced: list[str] = []  # closed files not yet made durable
         self._encodings: tuple[list[str], dict[str, str]] | None = None
 
+    @_told_if_rolled_back
     def write(self, rows: pa.Table) -> None:
         """Append rows as `prepare` returns them; `_flush` adds this instant's commit time."""
         # One estimate per call: `nbytes` of a slice costs about 14 us, paid per bucket and piece.
@@ -433,6 +452,7 @@ class LogWriter:
         self.storage.make_durable(self._unsynced)
         self._unsynced = []
 
+    @_told_if_rolled_back
     def close_open_files(self) -> None:
         """Flush and close the files open now, for a caller that writes one file group at a
         time (memory then holds one file group's rows); a later row of such a file group goes
@@ -448,6 +468,7 @@ class LogWriter:
             self.abort()
             raise
 
+    @_told_if_rolled_back
     def close(self) -> list[dict[str, Any]]:
         """Flush and close every file; returns what was written (for the commit metadata)."""
         try:
