@@ -25,6 +25,7 @@ import pytest
 import nbcc
 from nbcc.cli import build_parser, main
 from nbcc.timeline import read_commit_metadata
+from nbcc.writer import prepare
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = pa.schema([("id", pa.int64()), ("p", pa.string()), ("v", pa.int64())])
@@ -419,7 +420,10 @@ def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table
     uri, _ = local_table
     table, written = make_table(uri, commits=3)
     assert run(capsys, "compact", uri, "-q")[0] == 0
-    failed = table.begin_write(SCHEMA)  # a write that never finishes
+    failed = table.begin_write(SCHEMA)  # a write that never finishes, leaving files
+    writer = table.log_writer(failed, "0-0-0")
+    writer.write(prepare(batch(range(6), 9), table.config, failed.schema, "upsert"))
+    failed_files = {f"{f['partition']}/{f['name']}" for f in writer.close()}
     written += [table.write(batch(range(4), version)) for version in (10, 11)]
     before_files = data_files(uri)
     before_rows = snapshot(table)
@@ -429,7 +433,7 @@ def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table
     code, dry, err = run(capsys, "clean", uri, "--retain-commits", "2", "--heartbeat-timeout-s", "0", "--dry-run")
     assert code == 0, err
     assert (data_files(uri), table.timeline()) == (before_files, timeline)
-    assert f"would roll back failed writes: {failed.instant}" in dry
+    assert f"would roll back failed writes: {failed.instant}\n{len(failed_files)} files of theirs would be deleted:" in dry
     assert f"retained window would start at {completion_of(table, written[-2])}" in dry
     listed = {line.strip() for line in dry.splitlines() if line.startswith("  ")}
 
@@ -437,9 +441,10 @@ def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table
     assert code == 0, err
     after_files = data_files(uri)
     deleted = before_files - after_files
-    assert listed == deleted and f"{len(listed)} files would be deleted:" in dry
+    assert listed == deleted and failed_files < deleted
+    assert f"{len(listed) - len(failed_files)} files would be deleted:" in dry
     assert deleted and after_files < before_files
-    assert f"deleted {len(deleted)} files" in out
+    assert f"deleted {len(deleted - failed_files)} files" in out
     window = completion_of(table, written[-2])  # the older of the last 2 data commits
     assert f"retained window starts at {window}" in out
     assert failed.instant in out  # rolled back: its heartbeat is older than 0 s
@@ -506,6 +511,11 @@ def test_clean_by_hours_keeps_what_reads_as_of_any_time_in_them_need(local_table
     code, out, _ = run(capsys, "clean", uri, "--retain-hours", "2")
     assert "retained window starts at %s, where an earlier clean put it (no data commit completed more than 2 " \
            "hours ago" % c[3] in out
+    # Given both, the window keeps what either needs: the reason names the policy that keeps all.
+    for argv, why in ((["--retain-commits", "2"], "no data commit completed more than 2 hours ago"),
+                      (["--retain-commits", "20"], "the table has 20 or fewer data commits")):
+        code, out, _ = run(capsys, "clean", uri, "--retain-hours", "2", *argv, "--dry-run")
+        assert code == 0 and f"where an earlier clean put it ({why}, but" in out, (argv, out)
     for bad in ("-1", "nan", "week"):
         code, _, err = run(capsys, "clean", uri, "--retain-hours", bad)
         assert code == 2 and "expected a number of hours, 0 or more" in err

@@ -995,8 +995,10 @@ def test_archive_killed_after_writing_history_leaves_reads_unchanged(local_table
     assert [tuple(i) for i in view["timeline"]] == timeline_before
     assert view["as_of"] == states
 
-    # Archiving again finishes the job; reads stay the same; compaction still works.
-    table.archive(retain_commits=3)
+    # Archiving again finishes the job, and says so; reads stay the same; compaction still works.
+    left = len(active_timeline_files(uri))
+    result = table.archive(retain_commits=3)
+    assert result["archived"] == 0 and 0 < result["finished"] <= left - len(active_timeline_files(uri))
     assert len(active_timeline_files(uri)) < len(active_before)
     check_reads(table)
     view = fresh_view(children, uri, times, compact=True)
@@ -1052,8 +1054,21 @@ def test_clean_killed_part_way_is_finished_by_the_next_clean(local_table, childr
     # Writers are not blocked.
     commit("c6", [0, 1, 2])
 
-    # The next clean finishes the job.
-    table.clean(retain_commits=3)  # same window: c4, c5, c6
+    # A dry run says that the next clean finishes the killed one first, with the files of its
+    # plan still there, and plans the rest without them (they were listed as if still there).
+    [killed] = [i.instant for i in table.timeline() if i.action == "clean" and i.state != "completed"]
+    dry = table.clean(retain_commits=3, dry_run=True)
+    assert [f["instant"] for f in dry["finished_cleans"]] == [killed]
+    assert {f"{p}/{n}" for p, n in dry["finished_cleans"][0]["deleted"]} == garbage - gone
+    assert garbage.isdisjoint(f"{p}/{n}" for p, n in dry["deleted"])
+
+    # The next clean finishes the job, and says so.
+    result = table.clean(retain_commits=3)  # same window: c4, c5, c6
+    assert [f["instant"] for f in result["finished_cleans"]] == [killed]
+    assert {f"{p}/{n}" for p, n in result["finished_cleans"][0]["deleted"]} == garbage
+    assert sorted(result["deleted"]) == sorted(dry["deleted"])
+    [finished] = [c for c in table.history() if c.instant == killed]
+    assert finished.user and finished.host  # recorded by the run that finished it
     assert data_files(uri).isdisjoint(garbage)
     expected_files = files["k1"] | files["c3"] | files["c4"] | files["c5"] | files["c6"]
     assert data_files(uri) == expected_files

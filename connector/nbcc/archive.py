@@ -43,7 +43,8 @@ from .timeline import (
 
 def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> dict[str, Any]:
     """Archive the instants before the retained window (the cleaner's, or else the last
-    `retain_commits` data commits). Returns {"archived": n, "file": name or None}."""
+    `retain_commits` data commits). Returns {"archived": n, "file": name or None, "finished": m}:
+    m instants that an earlier archival left on the active timeline too, removed from it."""
     if int(retain_commits) < 1:
         raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
     timeline = Timeline.load(storage)
@@ -77,9 +78,9 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
         rows.append({"instant": inst.instant, "action": inst.action, "state": inst.state,
                      "completion": inst.completion, "metadata": json.dumps(meta, sort_keys=True), "plan": plan})
     if not rows:
-        _finish(storage)
+        finished = _finish(storage)
         _archive_metadata_table(storage)
-        return {"archived": 0, "file": None}
+        return {"archived": 0, "file": None, "finished": len(finished)}
     table = pa.Table.from_pylist(rows, schema=pa.schema([
         ("instant", pa.string()), ("action", pa.string()), ("state", pa.string()),
         ("completion", pa.string()), ("metadata", pa.string()), ("plan", pa.string())]))
@@ -89,9 +90,9 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
     name = f"{rows[0]['instant']}_{rows[-1]['instant']}_{uuid.uuid4().hex[:8]}.parquet"
     if not storage.put_if_absent(f"{HISTORY_DIR}/{name}", sink.getvalue()):
         raise StorageError(f"history file {name} exists already")
-    _finish(storage)
+    finished = _finish(storage) - {r["instant"] for r in rows}
     _archive_metadata_table(storage)
-    return {"archived": len(rows), "file": name}
+    return {"archived": len(rows), "file": name, "finished": len(finished)}
 
 
 def _archive_metadata_table(storage: Storage) -> None:
@@ -104,12 +105,14 @@ def _archive_metadata_table(storage: Storage) -> None:
         upkeep(mdt, force=True)
 
 
-def _finish(storage: Storage) -> None:
+def _finish(storage: Storage) -> set[str]:
     """Remove the active files of every instant the history holds (also finishing an archival
     that crashed after writing its history file): pending files first, then the completed file
-    or rollback mark, so an instant never looks less than it is while its files go."""
+    or rollback mark, so an instant never looks less than it is while its files go. Returns
+    the instants whose files it removed."""
     archived = {i.instant for i in load_history(storage)}
     names = [n for n in storage.list_names(TIMELINE_DIR) if n[:17] in archived]
     rank = {REQUESTED: 0, INFLIGHT: 0}
     for name in sorted(names, key=lambda n: rank.get(n.rsplit(".", 1)[-1], 1)):
         storage.delete(f"{TIMELINE_DIR}/{name}")
+    return {n[:17] for n in names}

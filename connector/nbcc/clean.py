@@ -30,7 +30,7 @@ from .errors import CommitError, InvalidOptionError
 from .config import TableConfig
 from .filenames import data_file_path, parse_data_file
 from .metadata_table import open_metadata_table, prune, upkeep
-from .rollback import failed_writes, partition_folders, rollback_failed_writes
+from .rollback import failed_writes, files_of_instants, partition_folders, rollback_failed_writes
 from .scan import files_to_merge
 from .storage import Storage
 from .timeline import (
@@ -187,13 +187,20 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     rolled back and deleted, and where the window would start (Delta's VACUUM DRY RUN)."""
     retain_commits = check_retention(retain_commits, retain_hours)
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
-    if dry_run:  # the files of writes it would roll back go with the rollback, not in its plan
+    extra: dict[str, Any] = {}  # what the run does besides its own plan, for the caller
+    if dry_run:
         rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]
+        extra["rolled_back_files"] = sorted(map(list, files_of_instants(storage, len(config.partition_by),
+                                                                        set(rolled_back))))
+        extra["finished_cleans"] = _pending_clean_files(storage, config)
     else:
         rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
-        _finish_pending_cleans(storage, config, clock)
+        extra["finished_cleans"] = _finish_pending_cleans(storage, config, clock)
     timeline = Timeline.load(storage)
     plan = plan_clean(storage, config, retain_commits, timeline, retain_hours)
+    if dry_run:  # what the pending cleans delete first, their completed records then say is gone
+        pending = {tuple(d) for c in _pending_cleans(storage) for d in c[1]["delete"]}
+        plan.delete = [d for d in plan.delete if d not in pending]
     # The window never moves back: an earlier clean with fewer retained commits deleted what
     # reads before its window needed. (Readers take the greatest window of all cleans anyway.)
     current = earliest_retained(storage, timeline)
@@ -202,10 +209,10 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
                               "deleted": [], "rolled_back": rolled_back, "files": [], "savepoints": plan.savepoints}
     if dry_run:
         return {**result, "deleted": [list(d) for d in plan.delete], "dry_run": True,
-                "retain_commits_start": plan.earliest_retained}
+                "retain_commits_start": plan.earliest_retained, **extra}
     if not plan.delete and window == current:
         _index_in_step(storage)
-        return {**result, "retain_commits_start": plan.earliest_retained}  # nothing new: no clean instant
+        return {**result, "retain_commits_start": plan.earliest_retained, **extra}  # nothing new: no clean instant
     instant = clock.new_instant()
     body = {"instant": instant, "earliest_retained": window, "delete": [list(d) for d in plan.delete],
             "savepoints": plan.savepoints}
@@ -214,7 +221,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
     _index_in_step(storage)
-    return {**result, "retain_commits_start": plan.earliest_retained}
+    return {**result, "retain_commits_start": plan.earliest_retained, **extra}
 
 
 def _delete_planned(storage: Storage, config: TableConfig, plan: dict[str, Any],
@@ -271,14 +278,33 @@ def _remove_stale_heartbeats(storage: Storage) -> None:
             storage.delete(f"{HEARTBEAT_DIR}/{name}")
 
 
-def _finish_pending_cleans(storage: Storage, config: TableConfig, clock: TimeGenerator) -> None:
+def _pending_cleans(storage: Storage) -> list[tuple[Instant, dict[str, Any]]]:
+    """The cleans that a crash left requested, with their plans."""
+    return [(inst, plan) for inst, plan in read_cleans(storage, Timeline.load(storage)) if not inst.is_completed]
+
+
+def _finish_pending_cleans(storage: Storage, config: TableConfig, clock: TimeGenerator) -> list[dict[str, Any]]:
     """Complete cleans that a crash left requested (their deletes are idempotent), keeping the
-    files of savepoints their plans did not know."""
-    for inst, plan in read_cleans(storage, Timeline.load(storage)):
-        if inst.is_completed:
-            continue
+    files of savepoints their plans did not know; each one's instant and the files it deleted
+    (those a crashed run deleted already among them)."""
+    finished = []
+    for inst, plan in _pending_cleans(storage):
         result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": plan["earliest_retained"],
-                  "rolled_back": [], "files": [], "savepoints": plan.get("savepoints", []),
+                  **committed_by(), "rolled_back": [], "files": [], "savepoints": plan.get("savepoints", []),
                   **_delete_planned(storage, config, plan)}
         _complete_clean(storage, clock, inst.instant, result)
         _index_in_step(storage)
+        finished.append({"instant": inst.instant, "deleted": result["deleted"]})
+    return finished
+
+
+def _pending_clean_files(storage: Storage, config: TableConfig) -> list[dict[str, Any]]:
+    """What `_finish_pending_cleans` would do: each pending clean's instant and the files of its
+    plan still on storage that it would delete."""
+    out = []
+    for inst, plan in _pending_cleans(storage):
+        kept = kept_by_new_savepoints(storage, config, plan.get("savepoints", []), plan["earliest_retained"])
+        planned = [d for d in plan["delete"] if tuple(d) not in kept]
+        present = {(part, name) for part in {d[0] for d in planned} for name in storage.list_names(part)}
+        out.append({"instant": inst.instant, "deleted": [d for d in planned if tuple(d) in present]})
+    return out

@@ -340,12 +340,24 @@ def cmd_clean(args: argparse.Namespace) -> int:
     rolled_back = result.get("rolled_back") or []
     print(f"{'would roll back' if args.dry_run else 'rolled back'} failed writes: "
           f"{', '.join(rolled_back) if rolled_back else 'none'}")
+    if args.dry_run and result.get("rolled_back_files"):
+        _print_files(f"{_n(len(result['rolled_back_files']), 'file')} of theirs would be deleted:",
+                     result["rolled_back_files"])
+    for finished in result.get("finished_cleans", []):  # a clean that a crash cut short, finished first
+        what = f"clean {finished['instant']}, which an earlier run began and did not finish"
+        if args.dry_run:
+            _print_files(f"would finish {what}: {_n(len(finished['deleted']), 'file')} of its plan would be "
+                         f"deleted{':' if finished['deleted'] else ''}", finished["deleted"])
+        else:
+            print(f"finished {what}: {_n(len(finished['deleted']), 'file')} of its plan deleted (by it or this run)")
     hours = None if args.retain_hours is None else _n(args.retain_hours, "hour")
     policy = " or ".join(([f"the last {commits} data commits"] if commits else [])
                          + ([f"the last {hours}"] if hours else []))
-    # Why this clean's policy retains every commit: each policy it has does.
-    everything = " and ".join(([f"the table has {commits} or fewer data commits"] if commits else [])
-                              + ([f"no data commit completed more than {hours} ago"] if hours else []))
+    # Why this clean's policy retains every commit: one of its policies does (given both, the
+    # window keeps what either needs).
+    few = commits and sum(1 for i in table.timeline() if i.action in DATA_ACTIONS and i.is_completed) <= commits
+    everything = (f"the table has {commits} or fewer data commits" if few or not hours
+                  else f"no data commit completed more than {hours} ago")
     start = result.get("retain_commits_start")
     starts = "would start" if args.dry_run else "starts"
     if result.get("earliest_retained") is None:
@@ -369,18 +381,27 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if not args.dry_run:
         print(f"deleted {_n(len(deleted), 'file')}")
         return 0
-    print(f"{_n(len(deleted), 'file')} would be deleted{':' if deleted else ''}")
-    for partition, name in deleted:
-        print(f"  {partition}/{name}" if partition else f"  {name}")
+    _print_files(f"{_n(len(deleted), 'file')} would be deleted{':' if deleted else ''}", deleted)
     return 0
+
+
+def _print_files(heading: str, files: list[list[str]]) -> None:
+    """`heading`, then each (partition, name) of `files` as a path, indented."""
+    print(heading)
+    for partition, name in files:
+        print(f"  {partition}/{name}" if partition else f"  {name}")
 
 
 def cmd_archive(args: argparse.Namespace) -> int:
     table = _open(args)
     result = table.archive(args.retain_commits)
     n = result.get("archived", 0)
+    if result.get("finished"):
+        print(f"finished an earlier archival that did not finish: removed {_n(result['finished'], 'instant')} "
+              "already in the history from the active timeline")
     if not n:
-        print("nothing to archive: no completed instant is older than the retained window")
+        print(f"nothing {'else ' if result.get('finished') else ''}to archive: no completed instant is older "
+              "than the retained window")
         return 0
     print(f"archived {_n(n, 'instant')} into {table.uri}/{HISTORY_DIR}/{result['file']}")
     return 0

@@ -38,6 +38,19 @@ def partition_folders(storage: Storage, depth: int) -> list[str]:
     return level
 
 
+def files_of_instants(storage: Storage, partition_depth: int, instants: set[str]) -> set[tuple[str, str]]:
+    """The (partition, name) of every data file on storage that one of `instants` wrote."""
+    found = set()
+    for part in partition_folders(storage, partition_depth):
+        for name in storage.list_names(part):
+            try:
+                if parse_data_file(name).instant in instants:
+                    found.add((part, name))
+            except ValueError:
+                continue
+    return found
+
+
 def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, partition_depth: int,
                      files: Iterable[dict[str, Any]] = (), reason: str = "",
                      idle_for_s: float | None = None) -> bool:
@@ -62,14 +75,7 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
             grant.put_if_absent(storage, mark_path, json.dumps(mark).encode())
     if grant.overran and not _still_failed(storage, clock, instant, mark_path):
         return False
-    doomed = {(f["partition"], f["name"]) for f in files}
-    for part in partition_folders(storage, partition_depth):
-        for name in storage.list_names(part):
-            try:
-                if parse_data_file(name).instant == instant:
-                    doomed.add((part, name))
-            except ValueError:
-                continue
+    doomed = {(f["partition"], f["name"]) for f in files} | files_of_instants(storage, partition_depth, {instant})
     for part, name in sorted(doomed):
         storage.delete(data_file_path(part, name))
     remove(storage, instant)

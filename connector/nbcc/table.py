@@ -550,7 +550,9 @@ class Table:
         as of a time in the last `retain_hours` hours (Delta's retention duration, Hudi's
         KEEP_LATEST_BY_HOURS); given both, what either needs is kept, and so is what reads as
         of a savepoint's state need. Returns what was done (`rolled_back`, `deleted`:
-        [partition, file name] pairs, `earliest_retained`, `savepoints`: those it planned with).
+        [partition, file name] pairs, `earliest_retained`, `savepoints`: those it planned with,
+        `finished_cleans`: the cleans an earlier run left part-way, finished first, each with
+        its `instant` and `deleted`; a dry run also `rolled_back_files`).
         Time travel to before that window, but to a savepoint, fails afterwards with a clear
         error. `dry_run=True` changes nothing and returns what would be done."""
         return clean(self.storage, self.config, self.clock, retain_commits, heartbeat_timeout_s, progress,
