@@ -90,6 +90,17 @@ def test_a_bad_update_is_refused_and_nothing_is_written(tmp_path, updates, probl
     assert rows(t) == before and t.timeline() == timeline
 
 
+def test_an_empty_filter_list_is_refused_rather_than_taken_for_every_record(tmp_path):
+    # As delete refuses one: a list that a bug left empty must not update the whole table.
+    t = new_table(str(tmp_path / "t"), "event_time")
+    before, timeline = rows(t), t.timeline()
+    for empty in ([], ()):
+        with pytest.raises(InvalidOptionError, match=r"update got an empty filter list; give filter=None to update "
+                                                     "every record"):
+            t.update({"status": "cancelled"}, empty)
+    assert rows(t) == before and t.timeline() == timeline
+
+
 @pytest.mark.parametrize("merge_mode", ["event_time", "commit_time"])
 def test_a_concurrent_write_that_the_update_did_not_read_is_ordered_as_any_write(tmp_path, merge_mode):
     # The write begins before the update and completes after it. event_time: its greater

@@ -751,6 +751,9 @@ class Table:
         reads; a concurrent write to them is ordered against the update as any two writes are
         (by ordering value, then by instant: README, merge modes), so one that this read did not
         see may be overwritten. Reads one file group at a time. `user_metadata`: as `write`'s."""
+        if isinstance(filter, (list, tuple)) and not filter:  # an empty list is more often a bug than "all"
+            raise InvalidOptionError("update got an empty filter list; give filter=None to update every record, "
+                                     "or conditions, e.g. [('status', '=', 'open')]")
         plan = self.plan(filter=filter)  # lists no data file yet
         exprs = check_updates(updates, plan.schema, self.config)  # before anything is read
         groups = (apply_updates(rows, exprs, self.config) for rows in (read_task(self.storage, plan, task) for task in plan.tasks)
