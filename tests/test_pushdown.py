@@ -834,7 +834,9 @@ def test_python_filter_on_a_column_added_after_the_time_read_is_a_clear_error(tm
     ([("s", "in", "abc")], ["'s'", "list"]),
     ([("i", "starts_with", "1")], ["'i'", "string"]),
     ([("i", "=", None)], ["is_null"]),
-    ([("i", "=")], ["'i'"]),
+    ([("i", "=")], ["('i', '=')", "= takes a value: give (column, op, value)"]),
+    ([("i", "is_null", 3)], ["('i', 'is_null', 3)", "is_null takes no value: give (column, op)"]),
+    ([("i", "is not null", None)], ["is_not_null takes no value"]),
     ([("x", ">", "3")], ["'x'", "not numbers"]),
     ([("x", "starts_with", "3")], ["'x'", "string column"]),
     ("id = 5", ["list of (column, op, value) tuples"]),
@@ -897,7 +899,7 @@ def test_a_filter_is_described_as_given_in_sqls_spelling_for_the_history():
             ("tiny", "<", 300),  # nbcc applies it as `tiny IS NOT NULL` on an int8 column: recorded as given
             pc.field("n") > 3]
     assert describe(spec) == (
-        "name = 'O''Brien' AND d >= DATE '2026-11-01' AND ok = true AND n NOT IN (1, NULL) AND name IS NOT NULL "
+        "name = 'O''Brien' AND d >= '2026-11-01' AND ok = true AND n NOT IN (1, NULL) AND name IS NOT NULL "
         "AND starts_with(name, 'x') AND tiny < 300 AND (n > 3)")
     assert describe(("n", "=", 1)) == "n = 1" and describe([]) == ""
     # A commit records it: a long IN list is abbreviated, and any text is cut at 1000 characters.

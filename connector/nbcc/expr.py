@@ -403,6 +403,9 @@ def parse_filter(spec: Any, schema: pa.Schema) -> tuple[tuple[Predicate, ...], p
         value = item[2] if len(item) == 3 else None
         if op not in OPERATORS:
             raise InvalidOptionError(f"filter operator {item[1]!r} is unknown; use one of {', '.join(OPERATORS)}")
+        if (len(item) == 3) != (op not in ("is_null", "is_not_null")):  # a value left out or one ignored
+            raise InvalidOptionError(f"filter item {item!r}: {op} takes " + (
+                "no value: give (column, op)" if len(item) == 3 else "a value: give (column, op, value)"))
         if column not in schema.names:
             raise InvalidOptionError(f"filter column {column!r} is not in the table (as of the time read); "
                                      f"its columns are {schema.names}")
