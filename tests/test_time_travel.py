@@ -969,6 +969,7 @@ def test_time_option_errors(local_table):
     # Any fraction of a second (within c1's millisecond), an offset of hours only: read the same on
     # Python 3.10, whose datetime.fromisoformat takes 3 or 6 digits and no Z.
     assert _values(table.read(as_of=iso_z(c1)[:-1] + "999999+00")) == {1: "a"}
+    assert _values(table.read(as_of=iso_z(c1).lower())) == {1: "a"}  # RFC 3339 allows a lowercase t and z
     with pytest.raises(nbcc.InvalidOptionError, match="ISO-8601"):
         table.read(as_of=iso_z(c1).replace("-", "").replace(":", ""))  # the basic form: not taken
 

@@ -64,7 +64,7 @@ def parse_time(text: str) -> int:
 # ISO-8601 in its extended form, as Arrow reads it: a date, then maybe a time (to any fraction of
 # a second: `datetime.fromisoformat` cuts it at microseconds, and on Python 3.10 takes 3 or 6
 # digits and no Z) and a zone.
-_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[T ](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?)?"
+_ISO = re.compile(r"(\d{4})-(\d\d)-(\d\d)(?:[Tt ](\d\d):(\d\d)(?::(\d\d)(?:[.,](\d+))?)?)?"
                   r"\s*(?:([zZ])|([+-])(\d\d)(?::?(\d\d))?)?")
 
 
