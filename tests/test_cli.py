@@ -210,7 +210,8 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     assert out.splitlines()[1].split()[7] == "-"
 
 
-def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what_a_read_opens(local_table, capsys):
+def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what_a_read_opens(local_table, capsys,
+                                                                                                monkeypatch):
     uri, _ = local_table
     table, written = make_table(uri, commits=3)
     compaction = table.compact()
@@ -265,6 +266,16 @@ def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what
     assert lines["snapshot read"].startswith(f"{len(bases)} file groups in 2 partitions: {len(bases)} base files, "
                                              f"{len(logs)} log files, ")
     assert "note  string" in out and "id  int64 not null" in out
+    # The write in flight, with how long since its last heartbeat, and whether a clean would
+    # take it for dead.
+    [w] = d["writes_in_flight"]
+    assert (w["instant"], w["action"]) == (inflight.instant, "deltacommit") and 0 <= w["idle_s"] < 60
+    assert re.fullmatch(rf"{inflight.instant} deltacommit, last heartbeat [0-9.]+ s ago", lines["writes in flight"])
+    later = nbcc.heartbeat._now_ms() + 400_000
+    monkeypatch.setattr(nbcc.heartbeat, "_now_ms", lambda: later)
+    code, out, err = run(capsys, "describe", uri)
+    assert re.search(rf"writes in flight +{inflight.instant} deltacommit, last heartbeat 4\d\d(\.\d)? s ago \(past "
+                     r"the 300 s timeout: the next clean rolls it back\)", out), out
 
 
 def test_describe_a_table_without_commits(local_table, capsys):

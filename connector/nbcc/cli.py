@@ -191,6 +191,13 @@ def cmd_describe(args: argparse.Namespace) -> int:
         ["archived instants", str(d["archived_instants"])],
         ["latest data commit", f"{latest['instant']} {latest['action']}, completed {latest['completion']}" if latest else "-"],
         ["pending compactions", ", ".join(d["pending_compactions"]) or "-"],
+    ]
+    timeout = d["heartbeat_timeout_s"]
+    rows += [["writes in flight" if n == 0 else "",
+              f"{w['instant']} {w['action']}, last heartbeat {w['idle_s']:g} s ago"
+              + (f" (past the {timeout} s timeout: the next clean rolls it back)" if w["idle_s"] > timeout else "")]
+             for n, w in enumerate(d["writes_in_flight"])] or [["writes in flight", "-"]]
+    rows += [
         ["oldest as_of", d["oldest_as_of"] or "- (no commit yet)"],
         ["savepoints", ", ".join(d["savepoints"]) or "-"],
         ["earliest begin", _earliest_begin(d["earliest_begin"])],

@@ -17,7 +17,7 @@ from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
 from .compaction import maybe_compact, run_compaction, schedule_compaction
-from .heartbeat import Heartbeat, interval_s
+from .heartbeat import Heartbeat, idle_ms, interval_s
 from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
 from .savepoint import create_savepoint, delete_savepoint, list_savepoints
@@ -822,6 +822,11 @@ class Table:
             "latest_commit": ({"instant": data[-1].instant, "action": data[-1].action,
                                "completion": data[-1].completion} if data else None),
             "pending_compactions": [i.instant for i in timeline.pending() if i.action == COMPACTION],
+            # Writes not completed, with how long since each last beat: past heartbeat_timeout_s,
+            # a clean rolls it back (its writer died, or stalled that long).
+            "writes_in_flight": [{"instant": i.instant, "action": i.action,
+                                  "idle_s": round(idle_ms(self.storage, i.instant) / 1000, 1)}
+                                 for i in timeline.pending() if i.action in DATA_ACTIONS],
             # as_of may not be older (but for savepoints' states); None: no commit yet
             "oldest_as_of": oldest_readable(self.storage, timeline),
             "savepoints": savepoint_times(self.storage),
