@@ -471,3 +471,21 @@ def test_a_release_followed_at_once_by_the_next_holder_is_not_reported_as_a_take
         stall.release()
         assert done.wait(10)
     assert issued > format_time(0) and "taken over" not in caplog.text, caplog.text
+
+
+def test_a_long_wait_for_the_lock_names_its_holder_once(memory_uri, monkeypatch, caplog):
+    # A holder that crashed stalls every writer for up to its lease: the wait says who holds it.
+    monkeypatch.setattr(nbcc.clock, "SLOW_LOCK_MS", 200)
+    holder = TimeGenerator(Storage(memory_uri), lease_ms=1_000)
+    waiter = TimeGenerator(Storage(memory_uri), lease_ms=1_000)
+    host, pid, _ = holder.holder_id.split(":")
+    with caplog.at_level("WARNING", logger="nbcc.clock"):
+        with holder.locked():
+            done = []
+            t = threading.Thread(target=lambda: done.append(waiter.new_instant()))
+            t.start()
+            time.sleep(0.8)
+        t.join(10)
+    assert done, "the waiter never got the lock"
+    warnings = [r.getMessage() for r in caplog.records if "waiting for the table lock" in r.getMessage()]
+    assert len(warnings) == 1 and f"held by {host} (pid {pid})" in warnings[0], warnings

@@ -229,6 +229,9 @@ class LockGrant:
                       what, self.held_ms, self.lease_ms)
 
 
+SLOW_LOCK_MS = 5000  # a wait for the table lock this long is logged, once, naming its holder
+
+
 class TimeGenerator:
     """Issues instant and completion times for one table, guarded by the storage-based lock."""
 
@@ -298,6 +301,7 @@ class TimeGenerator:
         start = time.monotonic()
         attempt = 0
         watched: tuple[int, float] = (-1, start)  # the state seen current, and since when
+        told = False
         while True:
             state = self._read_state()
             lease_start = time.monotonic()  # the lease counts from here, not from the swap's end
@@ -318,6 +322,11 @@ class TimeGenerator:
                 with self._stats_lock:
                     self.stats.cas_conflicts += 1
             waited_ms = (time.monotonic() - start) * 1000
+            if waited_ms > SLOW_LOCK_MS and not told:  # else a crashed holder's lease is a silent stall
+                told = True
+                log.warning("waiting for the table lock of %s, held by %s (pid %s) with a lease until %s; a holder "
+                            "that crashed is taken over once its lease has run out", self.storage.uri,
+                            *(state.holder or "?:?").split(":")[:2], format_time(state.lease_until_ms))
             # The default wait outlasts the holder's lease too, when it is longer than ours.
             limit = self.timeout_ms if self._timeout_arg is not None else max(self.timeout_ms, 2 * state.lease_ms + 30_000)
             if waited_ms > limit:
