@@ -192,15 +192,18 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]
         extra["rolled_back_files"] = sorted(map(list, files_of_instants(storage, len(config.partition_by),
                                                                         set(rolled_back))))
-        extra["finished_cleans"] = _pending_clean_files(storage, config)
+        unfinished = _pending_cleans(storage)
+        extra["finished_cleans"] = _files_left(storage, config, unfinished)
     else:
         rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
         extra["finished_cleans"] = _finish_pending_cleans(storage, config, clock)
+        unfinished = []
     timeline = Timeline.load(storage)
     plan = plan_clean(storage, config, retain_commits, timeline, retain_hours)
-    if dry_run:  # what the pending cleans delete first, their completed records then say is gone
-        pending = {tuple(d) for c in _pending_cleans(storage) for d in c[1]["delete"]}
-        plan.delete = [d for d in plan.delete if d not in pending]
+    # A dry run plans without what the unfinished cleans delete (once finished, their records say
+    # it is gone): else it lists their files, those they deleted already among them.
+    finishing = {tuple(d) for _, unfinished_plan in unfinished for d in unfinished_plan["delete"]}
+    plan.delete = [d for d in plan.delete if d not in finishing]
     # The window never moves back: an earlier clean with fewer retained commits deleted what
     # reads before its window needed. (Readers take the greatest window of all cleans anyway.)
     current = earliest_retained(storage, timeline)
@@ -298,11 +301,12 @@ def _finish_pending_cleans(storage: Storage, config: TableConfig, clock: TimeGen
     return finished
 
 
-def _pending_clean_files(storage: Storage, config: TableConfig) -> list[dict[str, Any]]:
-    """What `_finish_pending_cleans` would do: each pending clean's instant and the files of its
-    plan still on storage that it would delete."""
+def _files_left(storage: Storage, config: TableConfig, unfinished: list[tuple[Instant, dict[str, Any]]]
+                ) -> list[dict[str, Any]]:
+    """What `_finish_pending_cleans` would do with the `unfinished` cleans: each one's instant
+    and the files of its plan still on storage that it would delete."""
     out = []
-    for inst, plan in _pending_cleans(storage):
+    for inst, plan in unfinished:
         kept = kept_by_new_savepoints(storage, config, plan.get("savepoints", []), plan["earliest_retained"])
         planned = [d for d in plan["delete"] if tuple(d) not in kept]
         present = {(part, name) for part in {d[0] for d in planned} for name in storage.list_names(part)}
