@@ -145,6 +145,12 @@ def test_literals_are_recorded_as_written_and_a_float_that_a_decimal_would_round
     t.update({"amount": 2.5, "flag": 0, "note": 5})
     assert t.read().to_pylist() == [{"id": 1, "amount": Decimal("2.50"), "flag": False, "note": "5"}]
     assert t.history(1)[0].parameters["updates"] == "amount = 2.50, flag = false, note = '5'"
+    # In an expression, Arrow takes a Python integer as a decimal of 19 digits: the error says what to give.
+    with pytest.raises(InvalidOptionError, match=r"It should be at least 19 \(Arrow takes a Python integer as a decimal "
+                                                 r"of 19 digits or more: .* pa.scalar\(Decimal\('2'\)\)\)"):
+        t.update({"amount": pc.field("amount") * 2})
+    t.update({"amount": pc.field("amount") * pa.scalar(Decimal("2"))})
+    assert t.read().column("amount").to_pylist() == [Decimal("5.00")]
 
 
 def test_times_with_and_without_a_zone_do_not_stand_in_for_each_other(tmp_path):

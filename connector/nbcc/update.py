@@ -115,7 +115,11 @@ def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expressio
         new = ds.dataset(rows).to_table(columns=projection, use_threads=False)  # keeps the row order
         return new.cast(rows.schema)  # types as the table's (a cast expression gives them; nullability)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, ValueError) as exc:
-        raise InvalidOptionError(f"an update's new values could not be computed: {str(exc).splitlines()[0]}") from None
+        problem = str(exc).splitlines()[0]
+        if "Precision is not great enough" in problem:  # `pc.field("price") * 2` on a decimal(10, 2)
+            problem += (" (Arrow takes a Python integer as a decimal of 19 digits or more: in an expression over "
+                        "a decimal column, give numbers as decimals, pa.scalar(Decimal('2')))")
+        raise InvalidOptionError(f"an update's new values could not be computed: {problem}") from None
 
 
 def describe_updates(updates: Mapping[str, pa.Scalar | pc.Expression]) -> str:
