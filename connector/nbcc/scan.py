@@ -20,6 +20,7 @@ input partition each), and each task is read independently.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import itertools
 import os
@@ -761,36 +762,53 @@ def iter_plan(storage: Storage, plan: ScanPlan, read_ahead: int = 0) -> Iterator
         yield from rows.to_batches()
 
 
+# The stop events of the read-ahead threads running: stopped and waited for at exit, since a
+# daemon thread frozen inside Arrow's C++ code as the interpreter ends aborts the process.
+_READING_AHEAD: dict[threading.Thread, threading.Event] = {}
+_READING_AHEAD_LOCK = threading.Lock()
+
+
+@atexit.register
+def _stop_reading_ahead() -> None:
+    with _READING_AHEAD_LOCK:
+        running = list(_READING_AHEAD.items())
+    for thread, stop in running:
+        stop.set()
+    for thread, _ in running:
+        thread.join()  # at most the piece it is reading
+
+
 def _read_ahead(items: Iterator[Any], depth: int) -> Iterator[Any]:
-    """`items`, computed by a thread up to `depth` ahead of the caller. Reading and merging
-    (Parquet decoding, Arrow kernels) release the GIL, so they overlap with what the caller does
-    with the previous piece. An error reaches the caller where it took place; a caller that
-    drops the iterator early stops the thread."""
-    ahead: queue.Queue = queue.Queue(maxsize=depth)
+    """`items`, computed by a thread up to `depth` ahead of the one the caller holds. Reading and
+    merging (Parquet decoding, Arrow kernels) release the GIL, so they overlap with what the
+    caller does with the previous piece. An error reaches the caller where it took place; a
+    caller that drops the iterator early, or the interpreter's exit, stops the thread."""
+    slots = threading.Semaphore(depth + 1)  # the piece the caller holds, and `depth` ahead of it
+    ahead: queue.Queue = queue.Queue()
     stop = threading.Event()
     end = object()
 
-    def offer(entry: tuple[Any, BaseException | None]) -> bool:
-        """Queue `entry` once there is room; False if the caller stopped first."""
-        while not stop.is_set():
-            try:
-                ahead.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                pass
-        return False
-
     def produce() -> None:
         try:
-            for item in items:
-                if not offer((item, None)):
-                    return
-            offer((end, None))
+            for item in _slotted(items, slots, stop):
+                ahead.put((item, None))
+            ahead.put((end, None))
         except BaseException as exc:  # handed to the caller, raised there
-            offer((end, exc))
+            ahead.put((end, exc))
+        finally:
+            with _READING_AHEAD_LOCK:
+                _READING_AHEAD.pop(threading.current_thread(), None)
 
     thread = threading.Thread(target=produce, name="nbcc-read-ahead", daemon=True)
-    thread.start()
+    with _READING_AHEAD_LOCK:
+        _READING_AHEAD[thread] = stop
+    try:
+        thread.start()
+    except RuntimeError:  # no new threads at interpreter shutdown (Python 3.12): read inline
+        with _READING_AHEAD_LOCK:
+            _READING_AHEAD.pop(thread, None)
+        yield from items
+        return
     try:
         while True:
             item, error = ahead.get()
@@ -799,8 +817,24 @@ def _read_ahead(items: Iterator[Any], depth: int) -> Iterator[Any]:
             if item is end:
                 return
             yield item
+            slots.release()  # the caller is done with it
     finally:
         stop.set()
+
+
+def _slotted(items: Iterator[Any], slots: threading.Semaphore, stop: threading.Event) -> Iterator[Any]:
+    """`items`, each computed only once a slot is free; ends when `stop` is set."""
+    done = object()
+    while True:
+        while not slots.acquire(timeout=0.1):
+            if stop.is_set():
+                return
+        if stop.is_set():
+            return
+        item = next(items, done)
+        if item is done:
+            return
+        yield item
 
 
 def read_plan(storage: Storage, plan: ScanPlan, threads: int = 4) -> pa.Table:

@@ -686,7 +686,8 @@ class Table:
         file group, so memory holds about two file groups' merged rows (pieces of them, for file
         groups over the merge budget): the one being taken, and the next, which a thread reads
         meanwhile. `read` holds the whole result. The read is planned now; its files are read as
-        the batches are taken. DuckDB, Polars and pandas consume a
+        the batches are taken. To stop early, drop the reader (pyarrow's `close()` keeps it, and
+        the file group read ahead, until then). DuckDB, Polars and pandas consume a
         RecordBatchReader directly (`duckdb.sql("SELECT ... FROM reader")`)."""
         plan = self.plan(as_of=as_of, query_type=query_type, begin=begin, end=end,
                          incremental_format=incremental_format, include_meta_columns=include_meta_columns,
