@@ -348,6 +348,15 @@ def test_a_damaged_timeline_file_names_the_file_and_the_problem(table, capsys):
         assert capsys.readouterr().err == f"nbcc: error: {message}\n"
         path.write_bytes(good)
         assert table.read().sort_by("id").to_pylist() == expected
+    # A pending indexing's plan (a write in flight held its catch-up back).
+    table.begin_write(table.schema())
+    with pytest.raises(nbcc.NbccError, match="still in flight"):
+        table.build_index("files", timeout_s=0.2)
+    [indexing] = sorted(timeline.glob("*.indexing.requested"))
+    indexing.write_text("")
+    assert main(["index", table.uri]) == 1
+    assert capsys.readouterr().err.startswith(f"nbcc: error: {table.uri}/.nbcc/timeline/{indexing.name} is damaged "
+                                              f"(empty); it holds the plan of indexing {indexing.name[:17]}")
 
 
 @pytest.mark.parametrize("version", [6, 0, "2"])

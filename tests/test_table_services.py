@@ -1006,6 +1006,31 @@ def test_archive_killed_after_writing_history_leaves_reads_unchanged(local_table
     assert view["as_of"] == states and view["snapshot"] == ref.expected()
 
 
+def test_archive_finishes_an_earlier_archival_with_nothing_new_to_archive(local_table, monkeypatch):
+    # An archival killed after writing its history file leaves the instants on the active
+    # timeline too; the next one finishes that, even when it has nothing of its own to archive.
+    import nbcc.archive
+
+    uri, _ = local_table
+    table, ref = table_with_rows(uri)
+    for n in range(5):
+        ref.write(table, KEYS[n::3], f"c{n}")
+    finish = nbcc.archive._finish
+
+    def killed(storage):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(nbcc.archive, "_finish", killed)
+    with pytest.raises(KeyboardInterrupt):
+        table.archive(retain_commits=2)
+    monkeypatch.setattr(nbcc.archive, "_finish", finish)
+    left = active_timeline_files(uri)
+    result = table.archive()  # retains 10 data commits: the table has 6
+    assert result["archived"] == 0 and result["finished"] == 4  # the 4 oldest of 6 commits
+    assert len(active_timeline_files(uri)) == len(left) - 4
+    assert snapshot(nbcc.Table.open(uri)) == ref.expected()
+
+
 def test_clean_killed_part_way_is_finished_by_the_next_clean(local_table, children):
     uri, _ = local_table
     table = new_table(uri)

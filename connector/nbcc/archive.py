@@ -52,7 +52,9 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
     if boundary is None:
         data = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
         if len(data) <= retain_commits:
-            return {"archived": 0, "file": None}
+            finished = _finish(storage)  # what an earlier archival left on the active timeline too
+            _archive_metadata_table(storage)
+            return {"archived": 0, "file": None, "finished": len(finished)}
         boundary = data[-retain_commits].completion
     # Only writes and compactions in flight hold archival back (a pending clean is finished by
     # the next clean and never needs older instants).

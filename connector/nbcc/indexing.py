@@ -58,6 +58,7 @@ from .timeline import (
     Timeline,
     create_completed,
     read_commit_metadata,
+    read_timeline_file,
     remove_pending_files,
 )
 
@@ -71,7 +72,7 @@ class IndexingTimeoutError(NbccError):
 
 def plan_of(storage: Storage, ti: str) -> dict[str, Any]:
     """The plan of indexing `ti`: {instant, partitions, base_instant}."""
-    return json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{ti}.{INDEXING}.{REQUESTED}"))
+    return read_timeline_file(storage, f"{ti}.{INDEXING}.{REQUESTED}", f"the plan of indexing {ti}")
 
 
 def pending_indexing(storage: Storage, timeline: Timeline | None = None) -> list[tuple[str, dict[str, Any]]]:
