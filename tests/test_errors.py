@@ -422,6 +422,27 @@ def test_unknown_table_option_is_an_error_for_a_new_or_an_existing_table(table, 
     assert not (tmp_path / "new").exists()
 
 
+@pytest.mark.parametrize("kind, options, hint", [
+    ("streaming write", {"orderingfield": "ts"}, "orderingfield: did you mean ordering_field?"),
+    ("write", {"recordKey": "id"}, "recordKey: did you mean record_key?"),
+    ("write", {"partitionBy": "day"}, "partitionBy: did you mean partition_by?"),
+    ("read", {"versionAsOf": "3"}, "versionAsOf: nbcc's is as_of (a time: nbcc has no version numbers)"),
+    ("streaming read", {"startingtimestamp": "2026-11-01"}, "startingtimestamp: nbcc's is begin"),
+    ("write", {"hoodie.datasource.write.precombine.field": "ts"},
+     "hoodie.datasource.write.precombine.field: nbcc's is ordering_field"),
+])
+def test_an_unknown_option_names_the_option_meant(kind, options, hint):
+    # Spark hands options over in lower case: a camel-cased or Delta/Hudi name arrives unlike ours.
+    from nbcc.config import READ_OPTIONS, STREAM_READ_OPTIONS, STREAM_WRITE_OPTIONS, WRITE_OPTIONS, parse_options
+
+    specs = {"write": WRITE_OPTIONS, "read": READ_OPTIONS, "streaming write": STREAM_WRITE_OPTIONS,
+             "streaming read": STREAM_READ_OPTIONS}[kind]
+    with pytest.raises(InvalidOptionError) as err:
+        parse_options(options, specs, kind)
+    assert str(err.value).startswith(f"unknown {kind} option(s): {next(iter(options))}. Valid {kind} options: ")
+    assert str(err.value).endswith(f". {hint}")
+
+
 # -- through Spark -----------------------------------------------------------------------------
 
 def test_spark_unknown_option_lists_valid_ones_and_writes_nothing(spark, tmp_path):

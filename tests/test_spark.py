@@ -581,3 +581,23 @@ def test_spark_reads_unsigned_integers_widened_as_its_parquet_reader_does(spark,
         assert [r.k for r in df.where("s.a > 5").collect()] == [1]
     finally:
         spark.conf.set(pushdown, previous)
+
+
+@pytest.mark.parametrize("files, groups, warned", [(160, 16, True), (16, 16, False), (60, 4, False),
+                                                   (1000, 400, False), (3200, 16, True)])
+def test_a_commit_of_many_small_files_per_file_group_warns_and_says_what_to_do(caplog, files, groups, warned):
+    # A shuffle before the sink (dropDuplicates in a stream) made 3,200 files a micro-batch for
+    # 16 buckets, silently: every read then merged them all.
+    import logging
+
+    from pyspark_nbcc.source import warn_if_scattered
+
+    written = [{"partition": "", "file_group": f"g{n % groups}", "name": f"f{n}"} for n in range(files)]
+    logger = logging.getLogger("pyspark_nbcc.test")
+    with caplog.at_level("WARNING", logger="pyspark_nbcc.test"):
+        warn_if_scattered(written, "streaming batch 3 of stream s", logger)
+    messages = [r.getMessage() for r in caplog.records]
+    assert bool(messages) == warned
+    if warned:
+        assert messages[0].startswith(f"streaming batch 3 of stream s wrote {files} log files into {groups} file groups")
+        assert "repartition_by_bucket" in messages[0]

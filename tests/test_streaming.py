@@ -545,10 +545,37 @@ def test_a_query_restarted_from_its_checkpoint_under_another_stream_id_is_refuse
     assert [c["batch_id"] for c in _data_commits(uri)] == [0, 1]
     assert _ids(nbcc.Table.open(uri).read()) == list(range(6))
 
+def test_a_named_query_writes_and_resumes_from_the_sessions_checkpoint_root(spark, tmp_path):
+    # writeStream.queryName(...) reaches the sink as an option: it was refused as unknown, which
+    # also ruled out spark.sql.streaming.checkpointLocation (one checkpoint per query name).
+    inputs = _inputs(tmp_path / "in", [_rows(range(0, 5), "a"), _rows(range(5, 10), "b")])
+    uri = str(tmp_path / "t")
+    root = tmp_path / "checkpoints"
+
+    def start():
+        w = _file_stream(spark, inputs).writeStream.format("nbcc").queryName("orders_sink")
+        for k, v in {"record_key": "id", "ordering_field": "ts", "buckets": "4"}.items():
+            w = w.option(k, v)
+        return w.trigger(availableNow=True).start(uri)
+
+    spark.conf.set("spark.sql.streaming.checkpointLocation", str(root))
+    try:
+        _run(start())
+        assert _ids(nbcc.Table.open(uri).read()) == list(range(10))
+        assert (root / "orders_sink").is_dir()
+        pq.write_table(_rows(range(10, 15), "c"), inputs / "part-002.parquet")
+        _run(start())  # resumes from the same checkpoint: only the new file
+    finally:
+        spark.conf.unset("spark.sql.streaming.checkpointLocation")
+    assert _ids(nbcc.Table.open(uri).read()) == list(range(15))
+    assert [c["batch_id"] for c in _data_commits(uri)] == [0, 1, 2]
+
+
 def test_bad_streaming_write_options_fail_clearly_and_write_nothing(spark, tmp_path):
     inputs = _inputs(tmp_path / "in", [_rows(range(0, 5), "a")])
     uri = tmp_path / "t"
-    with pytest.raises(StreamingQueryException, match=r"unknown streaming write option\(s\): recordkey.*stream_id"):
+    with pytest.raises(StreamingQueryException, match=r"unknown streaming write option\(s\): recordkey.*stream_id.*"
+                                                      r"recordkey: did you mean record_key\?"):
         _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c1", recordkey="id"))
     with pytest.raises(StreamingQueryException, match=r"stream_id='my/stream' is not a valid stream id"):
         _run(_sink(_file_stream(spark, inputs), str(uri), tmp_path / "c2", stream_id="my/stream"))

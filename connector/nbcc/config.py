@@ -7,6 +7,7 @@ lists the valid ones.
 
 from __future__ import annotations
 
+import difflib
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -237,6 +238,7 @@ STREAM_WRITE_OPTIONS: dict[str, OptionSpec] = {
     **{k: v for k, v in WRITE_OPTIONS.items() if k not in (PARTITION_OVERWRITE_MODE, REPLACE_WHERE)},  # batch only
     "stream_id": OptionSpec(_text, STREAM_ID_DOC),
     "checkpointlocation": OptionSpec(_text, "Spark: the streaming query's checkpoint (Spark passes it on)"),
+    "queryname": OptionSpec(_text, "Spark: the streaming query's name, writeStream.queryName (Spark passes it on)"),
 }
 STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
     "begin": OptionSpec(_text, "where a new stream starts: earliest (default: every row), latest (only "
@@ -254,7 +256,8 @@ STREAM_READ_OPTIONS: dict[str, OptionSpec] = {
 }
 
 # Options matched in lower case whose users know them in Spark's spelling: error messages use it.
-_SPELLED = {"checkpointlocation": "checkpointLocation", PARTITION_OVERWRITE_MODE: "partitionOverwriteMode",
+_SPELLED = {"checkpointlocation": "checkpointLocation", "queryname": "queryName",
+            PARTITION_OVERWRITE_MODE: "partitionOverwriteMode",
             REPLACE_WHERE: "replaceWhere", USER_METADATA: "userMetadata"}
 
 STORAGE_PREFIX = "storage."
@@ -287,9 +290,31 @@ def parse_options(options: Mapping[str, Any], specs: Mapping[str, OptionSpec], k
     return parsed, storage
 
 
+# Delta's and Hudi's names for nbcc's options, in lower case (as Spark hands them over).
+_FOREIGN = {"versionasof": "as_of", "timestampasof": "as_of", "startingversion": "begin",
+            "startingtimestamp": "begin", "hoodie.datasource.write.recordkey.field": "record_key",
+            "hoodie.datasource.write.precombine.field": "ordering_field",
+            "hoodie.table.ordering.fields": "ordering_field",
+            "hoodie.datasource.write.partitionpath.field": "partition_by",
+            "hoodie.datasource.write.operation": "operation", "hoodie.bucket.index.num.buckets": "buckets",
+            "hoodie.datasource.query.type": "query_type",
+            "hoodie.datasource.read.begin.instanttime": "begin", "hoodie.datasource.read.end.instanttime": "end"}
+
+
 def _misplaced_hint(unknown: list[str], specs: Mapping[str, OptionSpec]) -> str:
-    """What the unknown options that users bring from elsewhere are, and what to do instead."""
+    """What the unknown options that users bring from elsewhere are, and what to do instead;
+    the valid option a misspelled one is near (Spark hands options over in lower case, so
+    `orderingField` arrives as `orderingfield`)."""
     hints = []
+    squeezed = {k.replace("_", "").replace(".", ""): _SPELLED.get(k, k) for k in specs}
+    for k in unknown:
+        near = difflib.get_close_matches(k.lower().replace("_", "").replace(".", ""), list(squeezed), n=1, cutoff=0.8)
+        if k.lower() in _FOREIGN and _FOREIGN[k.lower()] in specs:
+            name = _FOREIGN[k.lower()]
+            hints.append(f"{k}: nbcc's is {name}" + (" (a time: nbcc has no version numbers)"
+                                                     if "version" in k.lower() else ""))
+        elif near:
+            hints.append(f"{k}: did you mean {squeezed[near[0]]}?")
     writes = sorted(k for k in unknown if k.lower() in WRITE_OPTIONS and k.lower() not in specs)
     if writes and specs is READ_OPTIONS:
         hints.append(f"{', '.join(writes)}: write option(s), for df.write (in SQL, a view's OPTIONS are read "

@@ -575,6 +575,23 @@ def to_predicate(f: Filter, schema: pa.Schema, columns: set[str]) -> Predicate |
 
 # -- writing -----------------------------------------------------------------------------------
 
+_SCATTERED_FILES = 64  # fewer files than this are not worth a warning, however many tasks wrote them
+
+
+def warn_if_scattered(files: list[dict[str, Any]], what: str, logger: logging.Logger) -> None:
+    """Log a warning when several Spark tasks wrote each file group (a shuffle before the write
+    makes spark.sql.shuffle.partitions tasks, each writing every bucket): the commit's many
+    small files slow every read until a compaction."""
+    groups = len({(f["partition"], f["file_group"]) for f in files})
+    if len(files) > max(_SCATTERED_FILES, 4 * groups):
+        logger.warning(
+            "%s wrote %d log files into %d file groups: several Spark tasks wrote each one (a shuffle before "
+            "the write, such as a join, dropDuplicates or an aggregation, makes spark.sql.shuffle.partitions "
+            "tasks), and reads merge every file until a compaction. Repartition the DataFrame with "
+            "pyspark_nbcc.repartition_by_bucket before writing (README: One log file per bucket)",
+            what, len(files), groups)
+
+
 @dataclass
 class NbccCommitMessage(WriterCommitMessage):
     files: list[dict[str, Any]] = field(default_factory=list)
@@ -625,8 +642,9 @@ class NbccWriter(DataSourceArrowWriter):
         if self.replace_where is not None:  # the partitions that match it as of its completion (format.md §8)
             match = Table(self.storage, self.config).match_partitions(self.replace_where.filter)
             extra = {"replace_where": self.replace_where.text}
-        self.txn.commit([f for m in messages if m is not None for f in m.files], extra, partitions=partitions,
-                        match=match)
+        files = [f for m in messages if m is not None for f in m.files]
+        self.txn.commit(files, extra, partitions=partitions, match=match)
+        warn_if_scattered(files, f"the Spark write's commit {self.txn.instant}", log)
         self._compact_if_due(f"the Spark write's commit {self.txn.instant}")
 
     def _commit_deletion(self, partitions: list[str]) -> None:

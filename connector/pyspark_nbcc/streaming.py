@@ -82,8 +82,8 @@ from nbcc.stream import (
 from nbcc.timeline import INFLIGHT, REPLACE_COMMIT, REQUESTED
 from nbcc.writer import LogWriter, coalesced, prepare
 
-from .source import (NbccReader, TaskPartition, _check_given_schema, _spark_schema, _table_uri, open_for_write,
-                     loaded_columns, widened_since_loaded)
+from .source import (NbccReader, TaskPartition, _check_given_schema, _spark_schema, _table_uri, loaded_columns,
+                     open_for_write, warn_if_scattered, widened_since_loaded)
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
     user_metadata = parsed.pop(USER_METADATA, None)
     type_widening = parsed.pop(TYPE_WIDENING, False)
     parsed.pop("checkpointlocation", None)
+    parsed.pop("queryname", None)
     if parsed.get("operation") == DELETE_PARTITION:
         raise InvalidOptionError(
             "operation=delete_partition is for batch writes (df.write): a stream would delete the partitions "
@@ -202,6 +203,7 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
             log.info("streaming batch %s of stream %s was committed before (instant %s): skipped",
                      batchId, written[0].stream_id, instants[0])
             return
+        warn_if_scattered(files, f"streaming batch {batchId} of stream {written[0].stream_id}", log)
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.template.clock, every, inline,
                       f"streaming batch {batchId} of stream {written[0].stream_id} (instant {instants[0]})", log)
