@@ -38,6 +38,7 @@ from .timeline import (
     load_history,
     read_commit_metadata,
     read_compaction_plan,
+    read_timeline_file,
 )
 
 
@@ -47,14 +48,21 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
     m instants that an earlier archival left on the active timeline too, removed from it."""
     if int(retain_commits) < 1:
         raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
-    timeline = Timeline.load(storage)
+    rows = _rows_to_archive(storage, Timeline.load(storage), retain_commits)
+    name = _write_history(storage, rows) if rows else None
+    # Also the instants of an archival that crashed after writing its history file.
+    finished = _finish(storage) - {r["instant"] for r in rows}
+    _archive_metadata_table(storage)
+    return {"archived": len(rows), "file": name, "finished": len(finished)}
+
+
+def _rows_to_archive(storage: Storage, timeline: Timeline, retain_commits: int) -> list[dict[str, Any]]:
+    """The history rows of the completed and rolled-back instants before the retained window."""
     boundary = earliest_retained(storage, timeline)
     if boundary is None:
         data = [i for i in timeline.completed() if i.action in DATA_ACTIONS]
         if len(data) <= retain_commits:
-            finished = _finish(storage)  # what an earlier archival left on the active timeline too
-            _archive_metadata_table(storage)
-            return {"archived": 0, "file": None, "finished": len(finished)}
+            return []
         boundary = data[-retain_commits].completion
     # Only writes and compactions in flight hold archival back (a pending clean is finished by
     # the next clean and never needs older instants).
@@ -71,7 +79,7 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
             meta = read_commit_metadata(storage, inst)  # falls back to the history
         else:
             try:
-                meta = json.loads(storage.read_bytes(f"{TIMELINE_DIR}/{inst.file_name}"))
+                meta = read_timeline_file(storage, inst.file_name, f"the rollback mark of {inst.instant}")
             except FileNotFoundError:
                 continue  # another archiver moved it into the history since the listing
         plan = None
@@ -79,10 +87,11 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
             plan = json.dumps(read_compaction_plan(storage, inst.instant), sort_keys=True)
         rows.append({"instant": inst.instant, "action": inst.action, "state": inst.state,
                      "completion": inst.completion, "metadata": json.dumps(meta, sort_keys=True), "plan": plan})
-    if not rows:
-        finished = _finish(storage)
-        _archive_metadata_table(storage)
-        return {"archived": 0, "file": None, "finished": len(finished)}
+    return rows
+
+
+def _write_history(storage: Storage, rows: list[dict[str, Any]]) -> str:
+    """A new history file of `rows`; its name."""
     table = pa.Table.from_pylist(rows, schema=pa.schema([
         ("instant", pa.string()), ("action", pa.string()), ("state", pa.string()),
         ("completion", pa.string()), ("metadata", pa.string()), ("plan", pa.string())]))
@@ -92,9 +101,7 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
     name = f"{rows[0]['instant']}_{rows[-1]['instant']}_{uuid.uuid4().hex[:8]}.parquet"
     if not storage.put_if_absent(f"{HISTORY_DIR}/{name}", sink.getvalue()):
         raise StorageError(f"history file {name} exists already")
-    finished = _finish(storage) - {r["instant"] for r in rows}
-    _archive_metadata_table(storage)
-    return {"archived": len(rows), "file": name, "finished": len(finished)}
+    return name
 
 
 def _archive_metadata_table(storage: Storage) -> None:

@@ -60,6 +60,7 @@ class CleanPlan:
     delete: list[tuple[str, str]] = field(default_factory=list)  # (partition, file name)
     rolled_back: list[str] = field(default_factory=list)
     savepoints: list[str] = field(default_factory=list)  # the states of the savepoint files (made or pending) it planned with
+    data_commits: int = 0  # completed, which the commits policy counts
 
 
 def files_of_state(storage: Storage, config: TableConfig, timeline: Timeline, when: str) -> set[tuple[str, str]]:
@@ -157,7 +158,7 @@ def plan_clean(storage: Storage, config: TableConfig, retain_commits: int | None
             inst = states.get(instant)
             if inst is not None and inst.state in ("completed", "rolledback") and (part, name) not in listed:
                 doomed.add((part, name))
-    return CleanPlan(since, sorted(doomed), savepoints=savepoints)
+    return CleanPlan(since, sorted(doomed), savepoints=savepoints, data_commits=len(data_commits))
 
 
 def kept_by_new_savepoints(storage: Storage, config: TableConfig, planned_with: Iterable[str],
@@ -181,13 +182,13 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     the last `retain_commits` data commits (default 10), of reads as of the last `retain_hours`
     hours, or, given both, of either (window_start). Returns the clean's metadata (what was
     deleted; `earliest_retained`: where the window starts now, which an earlier clean may have
-    put later than this one's policy would), and `retain_commits_start`, where the window of
-    this one's policy starts (None: it retains every commit). `progress(done, total)` is
-    called while deleting. `dry_run`: change nothing; the same result says what would be
+    put later than this one's policy would), `retain_commits_start`, where the window of this
+    one's policy starts (None: it retains every commit), and `data_commits`, how many it
+    counted. `progress(done, total)` is called while deleting. `dry_run`: change nothing; the same result says what would be
     rolled back and deleted, and where the window would start (Delta's VACUUM DRY RUN)."""
     retain_commits = check_retention(retain_commits, retain_hours)
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
-    extra: dict[str, Any] = {}  # what the run does besides its own plan, for the caller
+    extra: dict[str, Any] = {}  # for the caller, not the clean's metadata: what else the run did, its plan
     if dry_run:
         rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]
         extra["rolled_back_files"] = sorted(map(list, files_of_instants(storage, len(config.partition_by),
@@ -204,6 +205,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     # it is gone): else it lists their files, those they deleted already among them.
     finishing = {tuple(d) for _, unfinished_plan in unfinished for d in unfinished_plan["delete"]}
     plan.delete = [d for d in plan.delete if d not in finishing]
+    extra.update(retain_commits_start=plan.earliest_retained, data_commits=plan.data_commits)
     # The window never moves back: an earlier clean with fewer retained commits deleted what
     # reads before its window needed. (Readers take the greatest window of all cleans anyway.)
     current = earliest_retained(storage, timeline)
@@ -211,11 +213,10 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     result: dict[str, Any] = {"action": CLEAN, "earliest_retained": window, **committed_by(),
                               "deleted": [], "rolled_back": rolled_back, "files": [], "savepoints": plan.savepoints}
     if dry_run:
-        return {**result, "deleted": [list(d) for d in plan.delete], "dry_run": True,
-                "retain_commits_start": plan.earliest_retained, **extra}
+        return {**result, "deleted": [list(d) for d in plan.delete], "dry_run": True, **extra}
     if not plan.delete and window == current:
         _index_in_step(storage)
-        return {**result, "retain_commits_start": plan.earliest_retained, **extra}  # nothing new: no clean instant
+        return {**result, **extra}  # nothing new: no clean instant
     instant = clock.new_instant()
     body = {"instant": instant, "earliest_retained": window, "delete": [list(d) for d in plan.delete],
             "savepoints": plan.savepoints}
@@ -224,7 +225,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     _complete_clean(storage, clock, instant, result)
     _remove_stale_heartbeats(storage)
     _index_in_step(storage)
-    return {**result, "retain_commits_start": plan.earliest_retained, **extra}
+    return {**result, **extra}
 
 
 def _delete_planned(storage: Storage, config: TableConfig, plan: dict[str, Any],

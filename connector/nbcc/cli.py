@@ -362,7 +362,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
                          + ([f"the last {hours}"] if hours else []))
     # Why this clean's policy retains every commit: one of its policies does (given both, the
     # window keeps what either needs).
-    few = commits and sum(1 for i in table.timeline() if i.action in DATA_ACTIONS and i.is_completed) <= commits
+    few = commits and result["data_commits"] <= commits
     everything = (f"the table has {commits} or fewer data commits" if few or not hours
                   else f"no data commit completed more than {hours} ago")
     start = result.get("retain_commits_start")

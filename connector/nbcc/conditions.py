@@ -123,6 +123,8 @@ def _masked(text: str) -> tuple[str, list[str]]:
 
 def _unmasked(masked: str, literals: list[str]) -> str:
     return _HOLE.sub(lambda m: literals[int(m[1])], masked)
+
+
 _SQL_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 
 

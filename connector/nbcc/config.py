@@ -308,12 +308,11 @@ def _misplaced_hint(unknown: list[str], specs: Mapping[str, OptionSpec]) -> str:
     hints = []
     squeezed = {k.replace("_", "").replace(".", ""): _SPELLED.get(k, k) for k in specs}
     for k in unknown:
-        near = difflib.get_close_matches(k.lower().replace("_", "").replace(".", ""), list(squeezed), n=1, cutoff=0.8)
-        if k.lower() in _FOREIGN and _FOREIGN[k.lower()] in specs:
-            name = _FOREIGN[k.lower()]
-            hints.append(f"{k}: nbcc's is {name}" + (" (a time: nbcc has no version numbers)"
-                                                     if "version" in k.lower() else ""))
-        elif near:
+        if _FOREIGN.get(k.lower()) in specs:
+            hints.append(f"{k}: nbcc's is {_FOREIGN[k.lower()]}" + (" (a time: nbcc has no version numbers)"
+                                                                   if "version" in k.lower() else ""))
+        elif near := difflib.get_close_matches(k.lower().replace("_", "").replace(".", ""), list(squeezed),
+                                               n=1, cutoff=0.8):
             hints.append(f"{k}: did you mean {squeezed[near[0]]}?")
     writes = sorted(k for k in unknown if k.lower() in WRITE_OPTIONS and k.lower() not in specs)
     if writes and specs is READ_OPTIONS:

@@ -644,8 +644,9 @@ class NbccWriter(DataSourceArrowWriter):
             extra = {"replace_where": self.replace_where.text}
         files = [f for m in messages if m is not None for f in m.files]
         self.txn.commit(files, extra, partitions=partitions, match=match)
-        warn_if_scattered(files, f"the Spark write's commit {self.txn.instant}", log)
-        self._compact_if_due(f"the Spark write's commit {self.txn.instant}")
+        what = f"the Spark write's commit {self.txn.instant}"
+        warn_if_scattered(files, what, log)
+        self._compact_if_due(what)
 
     def _commit_deletion(self, partitions: list[str]) -> None:
         if not partitions:

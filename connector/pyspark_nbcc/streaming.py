@@ -203,10 +203,11 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
             log.info("streaming batch %s of stream %s was committed before (instant %s): skipped",
                      batchId, written[0].stream_id, instants[0])
             return
-        warn_if_scattered(files, f"streaming batch {batchId} of stream {written[0].stream_id}", log)
+        what = f"streaming batch {batchId} of stream {written[0].stream_id}"
+        warn_if_scattered(files, what, log)
         every, inline = self.compaction_trigger
         maybe_compact(self.storage, self.config, self.template.clock, every, inline,
-                      f"streaming batch {batchId} of stream {written[0].stream_id} (instant {instants[0]})", log)
+                      f"{what} (instant {instants[0]})", log)
 
     def _empty_result(self, messages: list[NbccStreamCommitMessage | None], batchId: int
                       ) -> list[NbccStreamCommitMessage]:
