@@ -177,7 +177,7 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     assert {(c.user, c.host) for c in history if c.action != "indexing"} == {(getpass.getuser(), socket.gethostname())}
     assert (clean.action, clean.rows, clean.bytes, clean.files) == ("clean", None, None, deleted) and deleted > 0
     assert table.history(limit=2) == history[:2]
-    with pytest.raises(nbcc.InvalidOptionError, match="limit must be a positive whole number of commits; got 0"):
+    with pytest.raises(nbcc.InvalidOptionError, match="limit must be a whole number of commits, 1 or more; got 0"):
         table.history(limit=0)
 
     code, out, _ = run(capsys, "history", uri)

@@ -391,6 +391,38 @@ def test_write_arguments_are_parsed_like_options(table):
     assert [(i.action, i.state) for i in table.timeline()][-1] == ("compaction", "requested")  # not run
 
 
+def test_table_service_arguments_of_the_wrong_type_are_refused(table):
+    # Python arguments have their types: "5" or 2.5 commits was taken as 5 or 2 by clean and
+    # refused by history; a heartbeat timeout of -1 rolled back a write that was still running.
+    table.write(pa.table({"id": [3], "name": ["c"], "ts": [1]}))
+    live = table.begin_write(SCHEMA)  # a write whose writer is still running
+    files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
+    calls = [
+        (lambda: table.clean(retain_commits="1"), "retain_commits must be a whole number of data commits, 1 or more; got '1'"),
+        (lambda: table.clean(retain_commits=1.5), "retain_commits must be a whole number of data commits, 1 or more; got 1.5"),
+        (lambda: table.clean(retain_commits=True), "retain_commits must be a whole number of data commits, 1 or more; got True"),
+        (lambda: table.clean(heartbeat_timeout_s=-1), "heartbeat_timeout_s must be a number of seconds, 0 or more; got -1"),
+        (lambda: table.clean(heartbeat_timeout_s="0"), "heartbeat_timeout_s must be a number of seconds, 0 or more; got '0'"),
+        (lambda: table.clean(retain_hours=float("nan")), "retain_hours must be a number of hours, 0 or more; got nan"),
+        (lambda: table.rollback_failed_writes(heartbeat_timeout_s=-1), "heartbeat_timeout_s must be a number of seconds"),
+        (lambda: table.archive(retain_commits="1"), "retain_commits must be a whole number of data commits, 1 or more; got '1'"),
+        (lambda: table.archive(retain_commits=0), "retain_commits must be a whole number of data commits, 1 or more; got 0"),
+        (lambda: table.history(limit="5"), "limit must be a whole number of commits, 1 or more; got '5'"),
+        (lambda: table.build_index(timeout_s="60"), "timeout_s must be a number of seconds, 0 or more; got '60'"),
+    ]
+    for call, message in calls:
+        with pytest.raises(InvalidOptionError) as err:
+            call()
+        assert str(err.value) == message or str(err.value).startswith(message), (message, str(err.value))
+    _unchanged(table, files, rows)
+    live.commit([])  # not rolled back
+    assert [i.state for i in table.timeline()] == ["completed"] * 3
+    # NumPy's whole numbers are whole numbers.
+    import numpy as np
+    assert len(table.history(limit=np.int64(2))) == 2
+    assert table.clean(retain_commits=np.int64(1), heartbeat_timeout_s=np.float64(300))["rolled_back"] == []
+
+
 def test_option_that_contradicts_the_table(table):
     with pytest.raises(InvalidOptionError, match="buckets=4 differs from the table's buckets=2"):
         nbcc.Table.open_or_create(table.uri, SCHEMA, buckets=4)

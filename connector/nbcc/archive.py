@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .clean import DEFAULT_RETAIN_COMMITS
-from .errors import InvalidOptionError
+from .config import check_count
 from .errors import StorageError
 from .storage import Storage
 from .timeline import (
@@ -46,8 +46,7 @@ def archive(storage: Storage, retain_commits: int = DEFAULT_RETAIN_COMMITS) -> d
     """Archive the instants before the retained window (the cleaner's, or else the last
     `retain_commits` data commits). Returns {"archived": n, "file": name or None, "finished": m}:
     m instants that an earlier archival left on the active timeline too, removed from it."""
-    if int(retain_commits) < 1:
-        raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
+    retain_commits = check_count("retain_commits", retain_commits, "data commits")
     rows = _rows_to_archive(storage, Timeline.load(storage), retain_commits)
     name = _write_history(storage, rows) if rows else None
     # Also the instants of an archival that crashed after writing its history file.

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .clock import TimeGenerator, format_time
-from .errors import CommitError, InvalidOptionError
-from .config import TableConfig
+from .errors import CommitError
+from .config import TableConfig, check_count, check_duration
 from .filenames import data_file_path, parse_data_file
 from .metadata_table import open_metadata_table, prune, upkeep
 from .rollback import failed_writes, files_of_instants, partition_folders, rollback_failed_writes
@@ -99,12 +98,9 @@ def check_retention(retain_commits: int | None, retain_hours: float | None) -> i
     given (None: the hours alone count). InvalidOptionError for a retention that is not one."""
     if retain_commits is None and retain_hours is None:
         return DEFAULT_RETAIN_COMMITS
-    if retain_commits is not None and (isinstance(retain_commits, bool) or int(retain_commits) < 1):
-        raise InvalidOptionError(f"retain_commits must be at least 1, got {retain_commits}")
-    if retain_hours is not None and (isinstance(retain_hours, bool) or not isinstance(retain_hours, (int, float))
-                                     or not math.isfinite(retain_hours) or retain_hours < 0):
-        raise InvalidOptionError(f"retain_hours must be a number of hours, 0 or more; got {retain_hours!r}")
-    return None if retain_commits is None else int(retain_commits)
+    if retain_hours is not None:
+        check_duration("retain_hours", retain_hours, "hours")
+    return None if retain_commits is None else check_count("retain_commits", retain_commits, "data commits")
 
 
 def window_start(data_commits: list[Instant], retain_commits: int | None, retain_hours: float | None,
@@ -187,7 +183,8 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     counted. `progress(done, total)` is called while deleting. `dry_run`: change nothing; the same result says what would be
     rolled back and deleted, and where the window would start (Delta's VACUUM DRY RUN)."""
     retain_commits = check_retention(retain_commits, retain_hours)
-    timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
+    timeout = (config.heartbeat_timeout_s if heartbeat_timeout_s is None
+               else check_duration("heartbeat_timeout_s", heartbeat_timeout_s, "seconds"))
     extra: dict[str, Any] = {}  # for the caller, not the clean's metadata: what else the run did, its plan
     if dry_run:
         rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
+import numbers
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -128,6 +130,23 @@ def _at_least(name: str, least: int, what: str) -> Callable[[Any], int]:
             raise InvalidOptionError(f"option {name!r} must be {what}, got {value!r}")
         return n
     return parse
+
+
+def check_count(name: str, value: Any, what: str) -> int:
+    """A Python API argument that counts `what` (commits, ...): a whole number, 1 or more. Not a
+    text or a float: unlike a Spark option's value, an argument has its type, and "5" here is a
+    mistake made elsewhere."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise InvalidOptionError(f"{name} must be a whole number of {what}, 1 or more; got {value!r}")
+    return int(value)
+
+
+def check_duration(name: str, value: Any, unit: str) -> float:
+    """A Python API argument that is a span of time in `unit`: a finite number, 0 or more."""
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
+            or value < 0):
+        raise InvalidOptionError(f"{name} must be a number of {unit}, 0 or more; got {value!r}")
+    return float(value)
 
 
 def _positive_int(name: str) -> Callable[[Any], int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import InvalidOptionError
+from .config import check_count
 from .storage import Storage
 from .timeline import CLEAN, INDEXING, REPLACE_COMMIT, Timeline, read_commit_metadatas
 
@@ -51,8 +51,8 @@ class CommitInfo:
 def commit_history(storage: Storage, limit: int | None = None) -> list[CommitInfo]:
     """The completed instants, latest completion first; with `limit`, the latest `limit` of
     them (only their commit files are read)."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise InvalidOptionError(f"limit must be a positive whole number of commits; got {limit!r}")
+    if limit is not None:
+        check_count("limit", limit, "commits")
     completed = Timeline.load(storage).completed()[::-1]  # completed(): in completion order
     completed = completed[:limit] if limit is not None else completed
     metas = read_commit_metadatas(storage, completed)

@@ -25,6 +25,7 @@ import time
 from typing import Any, Callable, Iterable, Sequence
 
 from .clock import TimeGenerator
+from .config import check_duration
 from .errors import CommitError, NbccError
 from .index_view import indexed_instants, read_rows
 from .metadata_table import (
@@ -286,6 +287,7 @@ def build_index(storage: Storage, clock: TimeGenerator, partitions: Iterable[str
     """Build the metadata table `partitions` (resuming pending indexing that builds any of them);
     returns {"instants": the indexing instants run, "ready": every ready partition}."""
     kinds = check_kinds(partitions)
+    check_duration("timeout_s", timeout_s, "seconds")
     dropping = [k for k, v in read_states(storage, dropping=True).items() if v == DROPPING and k in kinds]
     if dropping:
         one = len(dropping) == 1

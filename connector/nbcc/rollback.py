@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .clock import TimeGenerator
+from .config import check_duration
 from .errors import InvalidOptionError
 from .filenames import data_file_path, parse_data_file
 from .heartbeat import idle_ms, remove
@@ -135,6 +136,7 @@ def failed_writes(storage: Storage, timeout_s: float, timeline: Timeline | None 
 def rollback_failed_writes(storage: Storage, clock: TimeGenerator, partition_depth: int,
                            timeout_s: float) -> list[str]:
     """Lazily roll back every write whose heartbeat expired; the instants rolled back."""
+    check_duration("heartbeat_timeout_s", timeout_s, "seconds")  # below 0: as 0, every write in flight
     done = []
     for failed in failed_writes(storage, timeout_s):
         reason = f"heartbeat expired ({failed.idle_s:.0f} s without one, timeout {timeout_s:.0f} s)"
