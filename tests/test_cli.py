@@ -82,14 +82,14 @@ def test_console_script_prints_the_timeline(local_table):
     table, written = make_table(uri)
     proc = subprocess.run([str(NBCC), "timeline", uri], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[0].split() == ["INSTANT", "ACTION", "OPERATION", "STATE", "COMPLETION"]
+    assert proc.stdout.splitlines()[0].split() == ["INSTANT", "ACTION", "OPERATION", "STATE", "COMPLETION", "NOTE"]
     rows = rows_of(proc.stdout)
     assert [r[0] for r in rows] == written  # oldest first
     assert all(r[1:4] == ["deltacommit", "upsert", "completed"] for r in rows)
-    assert rows == [[i.instant, i.action, "upsert", i.state, i.completion or "-"] for i in table.timeline()]
+    assert rows == [[i.instant, i.action, "upsert", i.state, i.completion or "-", "-"] for i in table.timeline()]
     # aligned: every column starts at the same offset on every line
     header, *lines = proc.stdout.splitlines()
-    for column, title in enumerate(["ACTION", "OPERATION", "STATE", "COMPLETION"], 1):
+    for column, title in enumerate(["ACTION", "OPERATION", "STATE", "COMPLETION", "NOTE"], 1):
         start = header.index(title)
         for line, row in zip(lines, rows):
             assert line[start - 1] == " " and line[start:].split()[0] == row[column], (title, line)
@@ -129,7 +129,43 @@ def test_timeline_json_and_pending_instants(local_table, capsys):
         ("deltacommit", "delete"), ("replacepartitions", "overwrite"), ("replacepartitions", "delete_partition"),
         ("commit", "compact"), ("clean", "clean"), ("deltacommit", None)]
     code, out, _ = run(capsys, "timeline", uri)
-    assert rows_of(out)[-1] == [txn.instant, "deltacommit", "-", "inflight", "-"]
+    assert rows_of(out)[-1] == [txn.instant, "deltacommit", "-", "inflight", "-", "-"]
+
+
+def test_timeline_says_when_and_why_a_write_was_rolled_back(local_table, capsys):
+    # The reason was only in the rollback mark's file: an operator saw "rolledback" and no more.
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    manual = table.begin_write(SCHEMA)
+    table.rollback(manual.instant)
+    expired = table.begin_write(SCHEMA)
+    assert table.rollback_failed_writes(heartbeat_timeout_s=0) == [expired.instant]
+    table.write(batch(range(8), 5))
+    table.write(batch(range(8), 6))
+
+    def notes() -> dict[str, tuple[str, str | None, str | None]]:
+        code, out, _ = run(capsys, "timeline", uri, "--json")
+        assert code == 0
+        return {d["instant"]: (d["state"], d["rolled_back_at"], d["reason"]) for d in json.loads(out)}
+
+    listed = notes()
+    assert listed[manual.instant][0] == listed[expired.instant][0] == "rolledback"
+    assert listed[manual.instant][2] == "a manual rollback (`nbcc rollback` or Table.rollback)"
+    assert listed[expired.instant][2].startswith("heartbeat expired (")
+    # Rolled back after it started, by the table's clock; every other instant has no note.
+    assert all(listed[i.instant][1] > i.instant for i in (manual, expired))
+    assert {v for k, v in listed.items() if k not in (manual.instant, expired.instant)} == {("completed", None, None)}
+    code, out, _ = run(capsys, "timeline", uri)
+    line = next(line for line in out.splitlines() if line.startswith(manual.instant))
+    assert line.endswith(f"rolled back at {listed[manual.instant][1]}: a manual rollback (`nbcc rollback` or "
+                         "Table.rollback)"), line
+    assert out.splitlines()[0].split()[-1] == "NOTE"
+    # Archived, the rollbacks keep their notes (the history holds the marks).
+    code, _, err = run(capsys, "archive", uri, "--retain-commits", "1")
+    assert code == 0, err
+    archived = {d["instant"] for d in json.loads(run(capsys, "timeline", uri, "--json")[1]) if d["archived"]}
+    assert {manual.instant, expired.instant} <= archived
+    assert notes() == listed
 
 
 def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
@@ -951,7 +987,7 @@ def test_timeline_on_s3_with_storage_options(s3_table, capsys):
     assert code == 0, err
     rows = rows_of(out)
     assert [r[0] for r in rows] == written
-    assert rows == [[i.instant, i.action, "upsert", i.state, i.completion or "-"] for i in table.timeline()]
+    assert rows == [[i.instant, i.action, "upsert", i.state, i.completion or "-", "-"] for i in table.timeline()]
 
 
 def test_a_storage_option_of_the_wrong_name_or_form_is_bad_usage_not_a_traceback(capsys):

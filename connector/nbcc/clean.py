@@ -57,7 +57,6 @@ log = logging.getLogger(__name__)
 class CleanPlan:
     earliest_retained: str | None
     delete: list[tuple[str, str]] = field(default_factory=list)  # (partition, file name)
-    rolled_back: list[str] = field(default_factory=list)
     savepoints: list[str] = field(default_factory=list)  # the states of the savepoint files (made or pending) it planned with
     data_commits: int = 0  # completed, which the commits policy counts
 

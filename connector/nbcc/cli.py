@@ -75,6 +75,7 @@ from .timeline import (
     Timeline,
     read_commit_metadata,
     read_commit_metadatas,
+    read_rollback_marks,
 )
 
 PROG = "nbcc"
@@ -221,14 +222,23 @@ def cmd_timeline(args: argparse.Namespace) -> int:
     # A clean's and an index build's metadata name no operation: the action says it (as in history).
     operation = {i.instant: metas[i.instant].get("operation") or i.action for i in timeline.completed()}
     instants = timeline.instants
+    marks = read_rollback_marks(table.storage, instants)  # when and why each rolled-back write was
     if args.json:
         _print_json([{"instant": i.instant, "action": i.action, "operation": operation.get(i.instant),
-                      "state": i.state, "completion": i.completion, "archived": i.archived} for i in instants])
+                      "state": i.state, "completion": i.completion, "archived": i.archived,
+                      "rolled_back_at": marks.get(i.instant, {}).get("rolled_back_at"),
+                      "reason": marks.get(i.instant, {}).get("reason") or None} for i in instants])
         return 0
-    _print_table(["INSTANT", "ACTION", "OPERATION", "STATE", "COMPLETION"],
-                 [[i.instant, i.action, operation.get(i.instant) or "-", i.state, i.completion or "-"]
-                  for i in instants])
+    _print_table(["INSTANT", "ACTION", "OPERATION", "STATE", "COMPLETION", "NOTE"],
+                 [[i.instant, i.action, operation.get(i.instant) or "-", i.state, i.completion or "-",
+                   _rollback_note(marks[i.instant]) if i.instant in marks else "-"] for i in instants])
     return 0
+
+
+def _rollback_note(mark: dict[str, Any]) -> str:
+    """What `nbcc timeline` says of a rolled-back write: when, and why."""
+    when, why = mark.get("rolled_back_at"), mark.get("reason")
+    return "rolled back" + (f" at {when}" if when else "") + (f": {why}" if why else "")
 
 
 def cmd_history(args: argparse.Namespace) -> int:

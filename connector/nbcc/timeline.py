@@ -217,6 +217,23 @@ def read_commit_metadatas(storage: Storage, instants: Iterable[Instant]) -> dict
             for i in instants}
 
 
+def read_rollback_marks(storage: Storage, instants: Iterable[Instant]) -> dict[str, dict[str, Any]]:
+    """The rollback mark of each rolled-back one of `instants`, by instant: when it was rolled
+    back (`rolled_back_at`) and why (`reason`), as the rollback wrote them; {} for a mark that
+    is gone (archived since the listing) or damaged: these only inform."""
+    def read(storage: Storage, inst: Instant) -> dict[str, Any]:
+        try:
+            if inst.archived:
+                return json.loads(_HISTORY_MARKS[(storage.uri, inst.instant)])
+            return read_timeline_file(storage, inst.file_name, f"the rollback mark of {inst.instant}")
+        except (FileNotFoundError, KeyError, ValueError, TimelineFileError):
+            return {}
+
+    marked = [i for i in instants if i.state == ROLLEDBACK]
+    return dict(zip((i.instant for i in marked), _fetch_all(storage, marked, read) or
+                    [read(storage, i) for i in marked]))
+
+
 def _fetch_all(storage: Storage, items: list[Any], read: Callable[[Storage, Any], Any]) -> list[Any]:
     """`read(storage, item)` of each item, 10 at a time on object storage (each is a round
     trip); [] where that does not pay (local files, fewer than two) or cannot be done (no new
@@ -358,6 +375,7 @@ _HISTORY_LOAD_LOCKS: dict[tuple[str, str], threading.Lock] = {}  # one per file:
 # needs only the instants and completion times of the history, not thousands of parsed commits).
 _HISTORY_METADATA: dict[tuple[str, str], dict[str, Any] | str] = {}
 _HISTORY_PLANS: dict[tuple[str, str], dict[str, Any]] = {}
+_HISTORY_MARKS: dict[tuple[str, str], str] = {}  # rollback marks of archived rolled-back writes, as JSON text
 
 
 def _archived_metadata(storage: Storage, instant: str) -> dict[str, Any]:
@@ -400,6 +418,8 @@ def _load_history_file(storage: Storage, name: str) -> list[Instant]:
                 cached.append(Instant(r["instant"], r["action"], r["state"], r["completion"], archived=True))
                 if r["state"] == COMPLETED:
                     _HISTORY_METADATA[(storage.uri, r["instant"])] = r["metadata"]
+                elif r["state"] == ROLLEDBACK and r["metadata"]:
+                    _HISTORY_MARKS[(storage.uri, r["instant"])] = r["metadata"]
                 if r.get("plan"):
                     _HISTORY_PLANS[(storage.uri, r["instant"])] = json.loads(r["plan"])
             with _CACHE_LOCK:
