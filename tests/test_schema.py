@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 
@@ -9,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from nbcc.errors import SchemaError
-from nbcc.schema import evolve_schema, schema_from_json, schema_to_json
+from nbcc.schema import conform, evolve_schema, schema_from_json, schema_to_json
 
 
 def _round_trip(schema: pa.Schema) -> pa.Schema:
@@ -199,7 +200,10 @@ def test_wider_integer_or_float_data_widens_the_column_when_asked(column, incomi
     (pa.uint32(), pa.int64()),
     (pa.float32(), pa.int64()),
     (pa.decimal128(10, 2), pa.decimal128(12, 2)),
-    (pa.timestamp("ms", tz="UTC"), pa.timestamp("ns", tz="UTC")),  # timestamps keep their unit
+    (pa.decimal128(10, 2), pa.decimal128(4, 3)),  # a digit after the point that the column lacks
+    (pa.timestamp("ms", tz="UTC"), pa.timestamp("ns")),  # an instant and a wall-clock reading
+    (pa.date32(), pa.timestamp("us")),
+    (pa.large_binary(), pa.string()),
     (pa.int32(), pa.string()),
 ], ids=str)
 def test_other_type_changes_are_refused_and_name_the_column(column, incoming):
@@ -207,6 +211,17 @@ def test_other_type_changes_are_refused_and_name_the_column(column, incoming):
     with pytest.raises(SchemaError, match=rf"column 'x' has type {re.escape(str(incoming))} in the data but "
                                           rf"{re.escape(str(column))} in the table; cast it to"):
         evolve_schema(table, pa.schema([("id", pa.int64()), ("x", incoming)]), widen=True)
+
+
+def test_a_finer_time_unit_is_stored_in_the_columns_unit_where_every_value_fits():
+    # pandas sends nanoseconds; a table made by Spark holds microseconds. The column keeps its
+    # unit (the write casts each value safely, refusing one that would lose digits).
+    table = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("x", pa.timestamp("us", tz="UTC"))])
+    assert evolve_schema(table, pa.schema([("id", pa.int64()), ("x", pa.timestamp("ns", tz="UTC"))])) == table
+    with pytest.raises(SchemaError, match="would lose data"):
+        conform(pa.table({"id": [1], "x": pa.array([1_001], pa.timestamp("ns", tz="UTC"))}), table)
+    assert conform(pa.table({"id": [1], "x": pa.array([2_000], pa.timestamp("ns", tz="UTC"))}), table
+                   ).column("x").to_pylist() == [dt.datetime(1970, 1, 1, 0, 0, 0, 2, tzinfo=dt.timezone.utc)]
 
 
 def test_a_delete_does_not_widen_a_column():

@@ -151,6 +151,34 @@ def test_literals_are_recorded_as_written_and_a_float_that_a_decimal_would_round
         t.update({"amount": pc.field("amount") * 2})
     t.update({"amount": pc.field("amount") * pa.scalar(Decimal("2"))})
     assert t.read().column("amount").to_pylist() == [Decimal("5.00")]
+    # A result with more digits after the point than the column holds: the error says to round it.
+    with pytest.raises(InvalidOptionError, match=r"Rescaling Decimal value would cause data loss \(a result has more "
+                                                 r"digits after the point than its column holds: round it to the "
+                                                 r"column's scale, amount: pc.round\(\.\.\., 2\)\)"):
+        t.update({"amount": pc.field("amount") * pa.scalar(Decimal("1.0031"))})
+    t.update({"amount": pc.round(pc.field("amount") * pa.scalar(Decimal("1.0031")), 2)})  # 5.0155
+    assert t.read().column("amount").to_pylist() == [Decimal("5.02")]
+
+
+def test_a_literal_that_its_column_would_cut_is_refused(tmp_path):
+    # Arrow casts a datetime to a date by dropping its time of day, without a word.
+    import datetime as dt
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("day", pa.date32()), ("n", pa.float64()),
+                        ("small", pa.float32())])
+    t = nbcc.Table.create(str(tmp_path / "t"), schema, "id", buckets=1)
+    t.write(pa.table({"id": [1], "day": [None], "n": [None], "small": [None]}, schema=schema))
+    with pytest.raises(InvalidOptionError, match=r"update of column 'day': datetime.datetime\(2026, 3, 4, 23, 59\) "
+                                                 r"would be stored as datetime.date\(2026, 3, 4\) in its type "
+                                                 r"date32\[day\], losing part of it"):
+        t.update({"day": dt.datetime(2026, 3, 4, 23, 59)})
+    with pytest.raises(InvalidOptionError, match="update of column 'n': 9007199254740993"):
+        t.update({"n": 2**53 + 1})
+    assert [i.state for i in t.timeline()] == ["completed"]
+    # What fits is taken: midnight as a date, text as the column's type, a float as float32's nearest.
+    t.update({"day": dt.datetime(2026, 3, 4), "n": "1e3", "small": 0.1})
+    assert t.read().to_pylist() == [{"id": 1, "day": dt.date(2026, 3, 4), "n": 1000.0,
+                                     "small": pa.scalar(0.1, pa.float32()).as_py()}]
 
 
 def test_times_with_and_without_a_zone_do_not_stand_in_for_each_other(tmp_path):

@@ -105,13 +105,19 @@ def schema_from_json(j: list[dict[str, Any]]) -> pa.Schema:
 # -- compatibility -----------------------------------------------------------------------------
 
 def _widens(src: pa.DataType, dst: pa.DataType) -> bool:
-    """Can `src` values be stored in a `dst` column without loss?"""
+    """Can `src` values be stored in a `dst` column without loss? A finer time unit, or date64,
+    only where its values fit, which `conform`'s safe cast checks value by value (pandas sends
+    nanoseconds, Spark's tables hold microseconds)."""
     if src.equals(dst):
         return True
     if pa.types.is_timestamp(src) and pa.types.is_timestamp(dst):
         # A time without a zone is a wall-clock reading, one with a zone an instant: storing one
         # as the other would shift it by the session's offset, so neither widens to the other.
-        return (src.tz is None) == (dst.tz is None) and _UNIT_RANK[src.unit] <= _UNIT_RANK[dst.unit]
+        return (src.tz is None) == (dst.tz is None)
+    if pa.types.is_date64(src) and pa.types.is_date32(dst):
+        return True
+    if pa.types.is_decimal(src) and pa.types.is_decimal(dst):  # as many digits each side of the point
+        return src.scale <= dst.scale and src.precision - src.scale <= dst.precision - dst.scale
     pairs = (
         (pa.types.is_signed_integer, pa.types.is_signed_integer),
         (pa.types.is_unsigned_integer, pa.types.is_unsigned_integer),
@@ -120,9 +126,14 @@ def _widens(src: pa.DataType, dst: pa.DataType) -> bool:
     for is_src, is_dst in pairs:
         if is_src(src) and is_dst(dst):
             return src.bit_width <= dst.bit_width
+    if pa.types.is_unsigned_integer(src) and pa.types.is_signed_integer(dst):
+        return src.bit_width < dst.bit_width
+    # The string types, and the binary ones, differ only in how they lay out their offsets.
     strings = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
-    if any(f(src) for f in strings) and any(f(dst) for f in strings):
-        return True
+    binaries = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+    for family in (strings, binaries):
+        if any(f(src) for f in family) and any(f(dst) for f in family):
+            return True
     # list and large_list differ only in offset width, as the string types do; nested ones were
     # already compared as one type (norm below), so the top level must agree.
     lists = (pa.types.is_list, pa.types.is_large_list)
@@ -169,6 +180,8 @@ def _nested_equal_ignoring_nullability(a: pa.DataType, b: pa.DataType) -> bool:
             return ("timestamp", t.unit, t.tz is None)
         if pa.types.is_string(t) or pa.types.is_large_string(t):
             return "string"
+        if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+            return "binary"
         return str(t)
     return norm(a) == norm(b)
 
@@ -400,6 +413,25 @@ def _castable(nulls: pa.Array, nullable: bool) -> pa.Array:
     return pa.Array.from_buffers(t, n, [None] + nulls.buffers()[1:])
 
 
+def _without_view_dictionaries(t: pa.DataType) -> pa.DataType:
+    """`t` with the values of its dictionaries, at any depth, of `plain_type`: Arrow cannot decode
+    a dictionary of string views (Polars' categoricals) but can cast it to one of strings,
+    which it then decodes."""
+    if pa.types.is_dictionary(t):
+        return pa.dictionary(t.index_type, plain_type(t.value_type), t.ordered)
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_without_view_dictionaries(t.field(i).type))
+                          for i in range(t.num_fields)])
+    if pa.types.is_map(t):
+        return pa.map_(t.key_field.with_type(_without_view_dictionaries(t.key_type)),
+                       t.item_field.with_type(_without_view_dictionaries(t.item_type)))
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        value = t.value_field.with_type(_without_view_dictionaries(t.value_type))
+        return (pa.large_list(value) if pa.types.is_large_list(t) else
+                pa.list_(value, t.list_size) if pa.types.is_fixed_size_list(t) else pa.list_(value))
+    return t
+
+
 def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
     """`batch`'s columns in `schema`'s order and types; absent columns become nulls.
     Fields are nullable in the result: delete markers carry nulls in data columns."""
@@ -411,6 +443,8 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
             cols.append(null_array(table.num_rows, f.type))
             continue
         col = table.column(idx)
+        if not _without_view_dictionaries(col.type).equals(col.type):
+            col = pc.cast(col, _without_view_dictionaries(col.type))
         if _strict_struct_field(f.type) and pa.types.is_struct(col.type):
             col = pa.chunked_array([_settled(c, f.type) for c in col.chunks], type=col.type)
         if not col.type.equals(f.type):

@@ -59,6 +59,7 @@ from .expr import conjunction, describe, parse_filter
 from .file_slices import FileSlice
 from .filenames import LogFile, make_token, parse_data_file
 from .index_view import MetadataIndex, load_index
+from .inputs import Data, as_arrow, as_batches
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .partitions import PartitionMatch, matching, partition_values
@@ -80,7 +81,6 @@ from .timeline import (
 from .view import TableView, check_readable, earliest_begin, oldest_readable, schema_as_of, slices_by_group, table_view
 from .writer import LogWriter, check_rows, check_rows_match, coalesced, partitions_named, prepare
 
-Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | Iterable[pa.RecordBatch]
 
 
 log = logging.getLogger(__name__)
@@ -355,9 +355,10 @@ class Table:
               compaction_delta_commits: int | None = None, compaction_inline: bool = False,
               replace_where: Any = None, user_metadata: str | None = None, type_widening: bool = False) -> str | None:
         """Write `data` as one commit; returns its instant (None: a partition deletion of no rows,
-        which writes nothing). `data`: a pyarrow Table, RecordBatch, RecordBatchReader or
-        iterable of RecordBatch, or anything that exports an Arrow stream (a Polars or pandas
-        2.2+ data frame, a DuckDB result), read as a stream.
+        which writes nothing). `data`: a pyarrow Table, RecordBatch, RecordBatchReader, Dataset or
+        iterable of RecordBatch (or Table), or anything that exports an Arrow stream (a Polars
+        data frame, a DuckDB result), read as a stream; a pandas data frame without its index,
+        unless the index is named (`set_index("id")`), whose columns it then gives.
 
         `operation`: "upsert" (rows with a true `_nbcc_is_deleted` column delete their key),
         "delete" (the rows' keys are deleted) or "delete_partition" (every row of the partitions
@@ -374,8 +375,8 @@ class Table:
         recorded with the commit (Delta's userMetadata), shown by `history()`. `type_widening=True`:
         integer or float data wider than its column widens the column (int32 -> int64, float ->
         double) instead of being refused; the table's format version becomes 4."""
-        data = _as_arrow(data)
-        schema, batches = _as_batches(data)
+        data = as_arrow(data)
+        schema, batches = as_batches(data)
         whole = pa.Table.from_batches([data]) if isinstance(data, pa.RecordBatch) else data
         return self._write(schema, batches, operation, mode, partition_overwrite_mode, max_log_file_bytes,
                            compaction_delta_commits, compaction_inline,
@@ -846,46 +847,6 @@ class Table:
         c = self.config
         return (f"Table({self.uri!r}, record_key={list(c.record_key)}, ordering_field={c.ordering_field!r}, "
                 f"partition_by={list(c.partition_by)}, buckets={c.buckets}, merge_mode={c.merge_mode!r})")
-
-
-def _as_arrow(data: Any) -> Any:
-    """Data of another library as Arrow: anything that exports an Arrow stream through the
-    PyCapsule interface (`__arrow_c_stream__`: Polars and pandas 2.2+ data frames, DuckDB
-    results) is read as a RecordBatchReader, without a copy where the exporter allows."""
-    if not isinstance(data, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)) and hasattr(data, "__arrow_c_stream__"):
-        return pa.RecordBatchReader.from_stream(data)
-    return data
-
-
-def _as_batches(data: Data) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    if isinstance(data, pa.Table):
-        return data.schema, iter(data.to_batches())
-    if isinstance(data, pa.RecordBatch):
-        return data.schema, iter([data])
-    if isinstance(data, pa.RecordBatchReader):
-        return data.schema, iter(data)
-    try:
-        batches = iter(data)
-    except TypeError:
-        raise InvalidOptionError(
-            f"data must be a pyarrow Table, RecordBatch, RecordBatchReader or iterable of RecordBatch, or "
-            f"export an Arrow stream (__arrow_c_stream__: a Polars or pandas 2.2+ data frame, a DuckDB "
-            f"result); got {type(data).__name__}"
-        ) from None
-    try:
-        first = next(batches)
-    except StopIteration:
-        raise InvalidOptionError("no data to write: the iterable of record batches is empty") from None
-    if not isinstance(first, pa.RecordBatch):
-        raise InvalidOptionError(
-            f"data must be a pyarrow Table, RecordBatch, RecordBatchReader or iterable of RecordBatch; "
-            f"got {type(first).__name__}"
-        )
-
-    def chain() -> Iterator[pa.RecordBatch]:
-        yield first
-        yield from batches
-    return first.schema, chain()
 
 
 def _partition_paths(storage: Storage, view: TableView) -> list[str]:

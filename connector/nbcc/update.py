@@ -75,6 +75,11 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
                 OverflowError) as exc:
             raise InvalidOptionError(f"update of column {column!r}: {given!r} is not a value of its type {t} "
                                      f"({str(exc).splitlines()[0]})") from None
+        if _changed_by_cast(value if isinstance(value, pa.Scalar) else pa.scalar(value), scalar):
+            # Arrow's cast of a datetime to a date drops the time of day, as "safe".
+            raise InvalidOptionError(f"update of column {column!r}: {given!r} would be stored as "
+                                     f"{scalar.as_py()!r} in its type {t}, losing part of it; give a value of "
+                                     "the column's type")
         if pa.types.is_timestamp(t) and pa.types.is_timestamp(given_type) and (t.tz is None) != (given_type.tz is None):
             # As a write refuses it: a time with a zone is an instant, one without a wall-clock reading.
             raise InvalidOptionError(
@@ -94,6 +99,21 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
         out[column] = scalar
     apply_updates(schema.empty_table(), out, config)  # names and types checked now, rows or not
     return out
+
+
+def _changed_by_cast(given: pa.Scalar, stored: pa.Scalar) -> bool:
+    """Does `stored` (`given` cast to a column's type) not give `given` back? A cast that cannot
+    be undone changed nothing a reader could compare (5 stored as '5'); nor does text read as
+    its column's type, which Arrow parses strictly or refuses ('1e3' is 1000.0)."""
+    if given.type.equals(stored.type) or not given.is_valid or pa.types.is_string(given.type):
+        return False
+    try:
+        back = stored.cast(given.type)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return False
+    if pa.types.is_floating(given.type) and (pa.types.is_floating(stored.type) or given.as_py() != given.as_py()):
+        return False  # 0.1 in a float32 column is the float32 nearest it, as in a write; NaN is no number
+    return back != given
 
 
 def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expression], config: TableConfig
@@ -119,6 +139,10 @@ def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expressio
         if "Precision is not great enough" in problem:  # `pc.field("price") * 2` on a decimal(10, 2)
             problem += (" (Arrow takes a Python integer as a decimal of 19 digits or more: in an expression over "
                         "a decimal column, give numbers as decimals, pa.scalar(Decimal('2')))")
+        elif "Rescaling Decimal value would cause data loss" in problem:  # price * Decimal('1.1')
+            scales = {f.name: f.type.scale for f in rows.schema if f.name in updates and pa.types.is_decimal(f.type)}
+            problem += (" (a result has more digits after the point than its column holds: round it to the "
+                        "column's scale, " + ", ".join(f"{c}: pc.round(..., {n})" for c, n in scales.items()) + ")")
         raise InvalidOptionError(f"an update's new values could not be computed: {problem}") from None
 
 

@@ -1,0 +1,124 @@
+"""What `Table.write` takes, as Arrow record batches: pyarrow tables, batches, readers and
+datasets, iterables of batches, and other libraries' frames (anything exporting an Arrow
+stream: Polars, DuckDB; pandas with its index handled as pandas users mean it). Anything else
+is refused with what to give instead."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from .errors import InvalidOptionError
+
+Data = pa.Table | pa.RecordBatch | pa.RecordBatchReader | ds.Dataset | Iterable[pa.RecordBatch]
+
+_KINDS = ("a pyarrow Table, RecordBatch, RecordBatchReader, Dataset or iterable of RecordBatch, or a data frame "
+          "that exports an Arrow stream (__arrow_c_stream__: Polars, pandas 2.2+, a DuckDB result)")
+
+
+def as_arrow(data: Any) -> pa.Table | pa.RecordBatch | pa.RecordBatchReader | Any:
+    """`data` as pyarrow data where it is another library's: a pandas frame through
+    `_from_pandas`, a dataset or scanner as a reader, any other Arrow stream exporter (the
+    PyCapsule interface) as a reader, without a copy where the exporter allows."""
+    if isinstance(data, (pa.Table, pa.RecordBatch, pa.RecordBatchReader)):
+        return data
+    if isinstance(data, ds.Dataset):
+        return data.scanner().to_reader()
+    if isinstance(data, ds.Scanner):
+        return data.to_reader()
+    _refuse_known_mistakes(data)
+    if _is_pandas_frame(data):
+        return _from_pandas(data)
+    if hasattr(data, "__arrow_c_stream__"):
+        try:
+            return pa.RecordBatchReader.from_stream(data)
+        except pa.ArrowInvalid as exc:
+            if "non-struct" in str(exc):  # a pandas Series, an Arrow array: one column, no names
+                raise InvalidOptionError(f"data must be a table of named columns; got a single column "
+                                         f"({type(data).__name__}): give a table or data frame "
+                                         "(pa.table({'id': column, ...}), series.to_frame())") from None
+            raise
+    return data
+
+
+def as_batches(data: Any) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The schema of `data` (as `as_arrow` gives it) and its record batches. The batches of an
+    iterable must all have the first one's schema (a reader's have by construction)."""
+    if isinstance(data, pa.Table):
+        return data.schema, iter(data.to_batches())
+    if isinstance(data, pa.RecordBatch):
+        return data.schema, iter([data])
+    if isinstance(data, pa.RecordBatchReader):
+        return data.schema, iter(data)
+    if isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
+        raise InvalidOptionError(f"data must be {_KINDS}; got {type(data).__name__}")
+    pieces = iter(data)
+    try:
+        first = _batches_of(next(pieces), 0)
+    except StopIteration:
+        raise InvalidOptionError("no data to write: the iterable of record batches is empty") from None
+    schema = first[0].schema
+
+    def chain() -> Iterator[pa.RecordBatch]:
+        yield from first
+        for i, piece in enumerate(pieces, 1):
+            for batch in _batches_of(piece, i):
+                if not batch.schema.equals(schema):
+                    raise InvalidOptionError(_schema_drift(i, schema, batch.schema))
+                yield batch
+    return schema, chain()
+
+
+def _batches_of(piece: Any, i: int) -> list[pa.RecordBatch]:
+    if isinstance(piece, pa.RecordBatch):
+        return [piece]
+    if isinstance(piece, pa.Table):
+        return piece.to_batches() or [pa.RecordBatch.from_pylist([], schema=piece.schema)]
+    if isinstance(piece, dict) and i == 0:
+        raise InvalidOptionError("data must be a table, not rows as dicts: give pa.Table.from_pylist(rows)")
+    raise InvalidOptionError(f"data must be {_KINDS}; item {i} of the iterable is a {type(piece).__name__}, "
+                             "not a RecordBatch")
+
+
+def _schema_drift(i: int, first: pa.Schema, other: pa.Schema) -> str:
+    """What differs between the first batch's schema and item `i`'s."""
+    a, b = {f.name: f.type for f in first}, {f.name: f.type for f in other}
+    differences = [f"{n!r} is missing" for n in a if n not in b] + [f"{n!r} is added" for n in b if n not in a]
+    differences += [f"{n!r} is {b[n]}, not {a[n]}" for n in a if n in b and not a[n].equals(b[n])]
+    if not differences:
+        differences = ["the columns are in another order" if list(a) != list(b) else "the fields' nullability "
+                       "or metadata differ"]
+    return (f"item {i} of the data has another schema than the first ({'; '.join(differences)}): every "
+            "batch of a write must have the same columns, in the same order, of the same types; cast them "
+            "to one schema first (batch.select(names).cast(schema)). Nothing of this write is committed")
+
+
+def _refuse_known_mistakes(data: Any) -> None:
+    """Clear words for inputs that are near misses of data."""
+    kind = type(data)
+    if isinstance(data, dict):
+        raise InvalidOptionError("data must be a table, not a dict of columns: give pa.table(data)")
+    if kind.__name__ == "LazyFrame":
+        raise InvalidOptionError("a Polars LazyFrame is a query, not data: give frame.collect() (or "
+                                 "frame.collect_batches() for a stream of batches)")
+    if isinstance(data, (pa.Array, pa.ChunkedArray)):
+        raise InvalidOptionError(f"data must be a table of named columns; got a single {kind.__name__}: give "
+                                 "pa.table({'id': array, ...})")
+
+
+def _is_pandas_frame(data: Any) -> bool:
+    kind = type(data)
+    return kind.__module__.split(".")[0] == "pandas" and kind.__name__ == "DataFrame"
+
+
+def _from_pandas(frame: Any) -> pa.Table:
+    """A pandas frame's columns as Arrow. Its index is not data, as in Spark's createDataFrame,
+    except a named one (`set_index("id")`), which becomes columns: pandas's own export writes an
+    unnamed index as a column `__index_level_0__` (which would be added to the table for good),
+    and a named one of evenly spaced numbers as schema metadata only (its column missing)."""
+    names = list(frame.index.names)
+    if all(n is not None for n in names) and not set(names) & set(map(str, frame.columns)):
+        frame = frame.reset_index()
+    return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)
