@@ -437,6 +437,47 @@ def test_compact_schedule_only_says_when_a_compaction_is_pending(local_table, ca
     assert code == 0 and out.strip() == "nothing to compact"
 
 
+def test_compact_clean_and_archive_print_json_for_schedulers(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=3)
+    code, out, _ = run(capsys, "compact", uri, "--schedule-only", "--json")
+    assert code == 0
+    left = json.loads(out)["scheduled"]
+    assert json.loads(run(capsys, "compact", uri, "--schedule-only", "--json")[1]) == {"scheduled": None,
+                                                                                       "pending": [left]}
+    table.write(batch([1], 9))
+    code, out, _ = run(capsys, "compact", uri, "--json", "--quiet")
+    assert code == 0
+    done = {i.instant: i.completion for i in table.timeline() if i.action == "commit" and i.is_completed}
+    ran = json.loads(out)["compactions"]
+    assert ran == [{"instant": left, "completion": done[left], "ran": True, "was_pending": True},
+                   {"instant": ran[1]["instant"], "completion": done[ran[1]["instant"]], "ran": True,
+                    "was_pending": False}]
+    assert json.loads(run(capsys, "compact", uri, "--json")[1]) == {"compactions": []}  # nothing to compact
+    assert json.loads(run(capsys, "compact", uri, "--json", "--instant", left)[1]) == {"compactions": [
+        {"instant": left, "completion": done[left], "ran": False, "was_pending": False}]}
+
+    failed = table.begin_write(SCHEMA)
+    for _ in range(3):
+        table.write(batch(range(8), 10))
+    before = data_files(uri)
+    code, out, _ = run(capsys, "clean", uri, "--retain-commits", "1", "--heartbeat-timeout-s", "0", "--json",
+                       "--quiet")
+    assert code == 0
+    cleaned = json.loads(out)
+    deleted = {f"{p}/{n}" for p, n in cleaned["deleted"]}
+    assert cleaned["rolled_back"] == [failed.instant] and deleted and deleted == before - data_files(uri)
+    assert cleaned["instant"] in {i.instant for i in table.timeline() if i.action == "clean" and i.is_completed}
+    assert cleaned["earliest_retained"] == table.timeline()[-2].completion  # the last data commit's
+
+    code, out, _ = run(capsys, "archive", uri, "--retain-commits", "1", "--json")
+    assert code == 0
+    archived = json.loads(out)
+    assert archived["archived"] == sum(i.archived for i in table.timeline()) > 0 and archived["finished"] == 0
+    assert (Path(uri) / ".nbcc" / "history" / archived["file"]).is_file()
+    assert json.loads(run(capsys, "archive", uri, "--json")[1]) == {"archived": 0, "file": None, "finished": 0}
+
+
 def test_compact_instant_must_name_a_scheduled_compaction(local_table, capsys):
     uri, _ = local_table
     table, written = make_table(uri, commits=2)

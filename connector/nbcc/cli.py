@@ -6,20 +6,22 @@ Usage:
     nbcc describe URI [--json]              settings, columns, instants counted, how far back reads
                                             may go, what a snapshot read opens, metadata table
     nbcc timeline URI [--json]              every instant: instant, action, operation, state,
-                                            completion time
+                                            completion time, and why a rolled-back one was
     nbcc history URI [--limit N] [--json]   what each completed instant did, latest first:
                                             operation, rows, files, bytes, partitions, parameters
     nbcc slices URI [--as-of T] [--json]    the file slices: per partition and file group, base
                                             instant, base file and log files (in log order)
-    nbcc compact URI [--quiet]              finish pending compactions a crashed run left, then
+    nbcc compact URI [--quiet] [--json]     finish pending compactions a crashed run left, then
                                             schedule and run a new one (prints its instant)
     nbcc compact URI --instant T            run (or finish) the scheduled compaction T
     nbcc compact URI --schedule-only        only schedule a compaction; prints its instant
     nbcc clean URI [--retain-commits N] [--retain-hours H] [--heartbeat-timeout-s S] [--dry-run] [--quiet]
+                   [--json]
                                             roll back failed writes, delete the files no read of
                                             the last N data commits (or as of the last H hours)
                                             needs
-    nbcc archive URI [--retain-commits N]   move old instants into .nbcc/history/
+    nbcc archive URI [--retain-commits N] [--json]
+                                            move old instants into .nbcc/history/
     nbcc rollback URI INSTANT               roll back a write that did not complete
     nbcc restore URI --as-of T              make the table's rows those it had at T (one overwrite)
     nbcc delete URI --where "COL OP VALUE" [--where ...] [--dry-run]
@@ -91,8 +93,9 @@ def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
         print("  ".join(cells).rstrip())
 
 
-def _print_json(obj: Any) -> None:
+def _print_json(obj: Any) -> int:
     print(json.dumps(obj, indent=2))
+    return 0
 
 
 class _Progress:
@@ -295,34 +298,40 @@ def _run_compaction(table: Table, args: argparse.Namespace, tc: str) -> str | No
 
 def cmd_compact(args: argparse.Namespace) -> int:
     table = _open(args)
+    # --json: what ran, for schedulers (each compaction: its instant, its completion time or None
+    # if another run completed it meanwhile, and whether an earlier run had left it pending).
+    ran: list[dict[str, Any]] = []
+    say = _quiet_if(args.json)
     if args.schedule_only:
         tc = table.schedule_compaction()
-        if tc is not None:
+        pending = [] if tc is not None else table.pending_compactions()
+        if args.json:
+            _print_json({"scheduled": tc, "pending": pending})
+        elif tc is not None:
             print(tc)
-            return 0
-        pending = table.pending_compactions()
-        if not pending:
+        elif not pending:
             print("nothing to compact")
-            return 0
-        # Nothing new to plan because the file groups with log files are planned already.
-        same = " (with the same --storage-option flags)" if args.storage_options else ""
-        if len(pending) == 1:
-            print(f"nothing new to compact: compaction {pending[0]} is pending; run it with "
-                  f"`nbcc compact {table.uri} --instant {pending[0]}`{same}")
-        else:
-            print(f"nothing new to compact: compactions {', '.join(pending)} are pending; run them with "
-                  f"`nbcc compact {table.uri}`{same}")
+        else:  # nothing new to plan because the file groups with log files are planned already
+            same = " (with the same --storage-option flags)" if args.storage_options else ""
+            if len(pending) == 1:
+                print(f"nothing new to compact: compaction {pending[0]} is pending; run it with "
+                      f"`nbcc compact {table.uri} --instant {pending[0]}`{same}")
+            else:
+                print(f"nothing new to compact: compactions {', '.join(pending)} are pending; run them with "
+                      f"`nbcc compact {table.uri}`{same}")
         return 0
     if args.instant is not None:
         inst = compaction_to_run(table.storage, args.instant, "--instant")
         tc = inst.instant
         if inst.is_completed:
-            print(f"compaction {tc} is already completed (at {inst.completion})")
-            return 0
-        done = _run_compaction(table, args, tc)
-        print(f"compaction {tc} completed at {done}" if done is not None
-              else f"compaction {tc} was completed meanwhile by another run")
-        return 0
+            say(f"compaction {tc} is already completed (at {inst.completion})")
+            ran.append({"instant": tc, "completion": inst.completion, "ran": False, "was_pending": False})
+        else:
+            done = _run_compaction(table, args, tc)
+            say(f"compaction {tc} completed at {done}" if done is not None
+                else f"compaction {tc} was completed meanwhile by another run")
+            ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": False})
+        return _print_json({"compactions": ran}) if args.json else 0
     pending = table.pending_compactions()
     if pending:
         many = len(pending) > 1
@@ -331,16 +340,23 @@ def cmd_compact(args: argparse.Namespace) -> int:
               f"finishing {'them' if many else 'it'} first")
         for tc in pending:
             done = _run_compaction(table, args, tc)
-            print(f"finished pending compaction {tc}, completed at {done}" if done is not None
-                  else f"pending compaction {tc} was completed meanwhile by another run")
+            say(f"finished pending compaction {tc}, completed at {done}" if done is not None
+                else f"pending compaction {tc} was completed meanwhile by another run")
+            ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": True})
     tc = table.schedule_compaction()
     if tc is None:
-        print("nothing to compact")
-        return 0
-    done = _run_compaction(table, args, tc)
-    print(f"compaction {tc} completed at {done}" if done is not None
-          else f"compaction {tc} was completed meanwhile by another run")
-    return 0
+        say("nothing to compact")
+    else:
+        done = _run_compaction(table, args, tc)
+        say(f"compaction {tc} completed at {done}" if done is not None
+            else f"compaction {tc} was completed meanwhile by another run")
+        ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": False})
+    return _print_json({"compactions": ran}) if args.json else 0
+
+
+def _quiet_if(json_wanted: bool) -> Callable[[str], None]:
+    """`print`, or nothing where --json prints one document at the end instead."""
+    return (lambda text: None) if json_wanted else print
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
@@ -354,6 +370,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
     commits = check_retention(args.retain_commits, args.retain_hours)
     with _progress(args, "deleting", "file") as progress:
         result = table.clean(commits, timeout, progress, retain_hours=args.retain_hours, dry_run=args.dry_run)
+    if args.json:  # what Table.clean returns
+        return _print_json(result)
     rolled_back = result.get("rolled_back") or []
     print(f"{'would roll back' if args.dry_run else 'rolled back'} failed writes: "
           f"{', '.join(rolled_back) if rolled_back else 'none'}")
@@ -412,6 +430,8 @@ def _print_files(heading: str, files: list[list[str]]) -> None:
 def cmd_archive(args: argparse.Namespace) -> int:
     table = _open(args)
     result = table.archive(args.retain_commits)
+    if args.json:  # what Table.archive returns
+        return _print_json(result)
     n = result.get("archived", 0)
     if result.get("finished"):
         print(f"finished an earlier archival that did not finish: removed {_n(result['finished'], 'instant')} "
@@ -756,6 +776,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--schedule-only", action="store_true",
                        help="only schedule; print the compaction's instant (run it later with --instant)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON object instead: compactions (each: instant, completion, ran, was_pending); "
+                        "with --schedule-only: scheduled, pending")
     p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("clean", parents=[common], help="roll back failed writes and delete unneeded files",
@@ -775,6 +798,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true",
                    help="change nothing: list the writes it would roll back and the files it would delete")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true",
+                   help="print what Table.clean returns as a JSON object instead: rolled_back, deleted "
+                        "([partition, file] pairs), earliest_retained, finished_cleans, ...")
     p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("archive", parents=[common], help="move old instants into .nbcc/history/",
@@ -784,6 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--retain-commits", type=_positive_int, default=DEFAULT_RETAIN_COMMITS, metavar="N",
                    help=f"data commits kept on the active timeline if the table was never cleaned "
                         f"(default {DEFAULT_RETAIN_COMMITS})")
+    p.add_argument("--json", action="store_true",
+                   help="print a JSON object instead: archived (instants), file (the history file or null), "
+                        "finished (instants of an earlier archival it finished)")
     p.set_defaults(func=cmd_archive)
 
     p = sub.add_parser("rollback", parents=[common], help="roll back a write that did not complete",
