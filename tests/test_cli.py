@@ -532,7 +532,9 @@ def test_clean_deletes_files_and_time_travel_before_the_window_fails(local_table
     assert listed == deleted and failed_files < deleted
     assert f"{len(listed) - len(failed_files)} files would be deleted:" in dry
     assert deleted and after_files < before_files
-    assert f"deleted {len(deleted - failed_files)} files" in out
+    # The failed write's files are counted apart from the window's.
+    assert f"rolled back failed writes: {failed.instant}\ndeleted {len(failed_files)} files of theirs\n" in out
+    assert f"deleted {len(deleted - failed_files)} more files" in out
     window = completion_of(table, written[-2])  # the older of the last 2 data commits
     assert f"retained window starts at {window}" in out
     assert failed.instant in out  # rolled back: its heartbeat is older than 0 s

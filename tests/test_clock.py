@@ -489,3 +489,27 @@ def test_a_long_wait_for_the_lock_names_its_holder_once(memory_uri, monkeypatch,
     assert done, "the waiter never got the lock"
     warnings = [r.getMessage() for r in caplog.records if "waiting for the table lock" in r.getMessage()]
     assert len(warnings) == 1 and f"held by {host} (pid {pid})" in warnings[0], warnings
+
+
+def test_a_long_wait_for_a_free_lock_says_others_took_it_first_not_that_a_holder_crashed(memory_uri, monkeypatch,
+                                                                                         caplog):
+    # Under contention the lock is free when read and another process swaps first: the warning
+    # named holder "?" with a lease until 1970 and sent users looking for a crashed process.
+    monkeypatch.setattr(nbcc.clock, "SLOW_LOCK_MS", 0)
+    waiter, other = TimeGenerator(Storage(memory_uri)), TimeGenerator(Storage(memory_uri))
+    raced: list[str] = []
+    swap = waiter._swap
+
+    def swap_after_another_process(new):  # another process issues a time between our read and swap
+        if len(raced) < 3:
+            raced.append(other.new_instant())
+        return swap(new)
+
+    monkeypatch.setattr(waiter, "_swap", swap_after_another_process)
+    with caplog.at_level("WARNING", logger="nbcc.clock"):
+        issued = waiter.new_instant()
+    assert len(raced) == 3 and issued > max(raced)
+    warnings = [r.getMessage() for r in caplog.records if "waiting for the table lock" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "it is free between holds, and other processes (writers committing, table services) took it first 1 " \
+           "time;" in warnings[0] and "held by" not in warnings[0] and "1970" not in warnings[0], warnings

@@ -295,6 +295,22 @@ def test_one_log_file_per_bucket_per_task_and_repartition_helper(spark, local_ta
     assert spark.read.format("nbcc").load(uri).count() == 2000
 
 
+def test_repartition_helper_takes_the_writes_storage_options(spark, s3_table):
+    # As compact and build_index do: the README's **opts serve every Spark call on an S3 table.
+    uri, opts = s3_table
+    nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.int64())]), "id", buckets=5, storage_options=opts)
+    spark_opts = {f"storage.{k}": v for k, v in opts.items()}
+    df = spark.range(0, 500).withColumn("v", F.col("id") * 2).repartition(3)
+    repartition_by_bucket(df, path=uri, **spark_opts).write.format("nbcc").options(**spark_opts).mode("append").save(uri)
+    table = nbcc.Table.open(uri, opts)
+    last = [i for i in table.timeline() if i.state == "completed"][-1]
+    groups = [f["file_group"] for f in read_commit_metadata(table.storage, last)["files"]]
+    assert sorted(groups) == sorted(set(groups)) and len(groups) == 5  # the table's layout, read from S3
+    assert table.read().num_rows == 500
+    with pytest.raises(nbcc.InvalidOptionError, match="unknown repartition_by_bucket option"):
+        repartition_by_bucket(df, path=uri, endpoint_url=opts["endpoint_url"])
+
+
 def test_log_files_roll_over(spark, local_table):
     uri, _ = local_table
     df = spark.range(0, 20000).withColumn("payload", F.sha2(F.col("id").cast("string"), 256)).coalesce(1)

@@ -664,6 +664,12 @@ def test_missing_s3_credentials_say_how_to_give_them(s3_table, monkeypatch, tmp_
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     with pytest.raises(StorageError, match="NoCredentialsError.*give storage options key and secret"):
         nbcc.Table.open(uri, {"endpoint_url": opts["endpoint_url"]})
+    # Doing what it says works in the same process (a notebook): fsspec kept the filesystem that
+    # had found no credentials, and every later open with the same options failed the same way.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", opts["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", opts["secret"])
+    nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options={"endpoint_url": opts["endpoint_url"]})
+    assert nbcc.Table.open(uri, {"endpoint_url": opts["endpoint_url"]}).read().num_rows == 0
 
 
 def test_reading_a_small_s3_file_whole_is_one_request(s3_table, monkeypatch):
@@ -747,3 +753,30 @@ def test_an_s3_endpoint_that_never_answered_fails_at_once_and_one_that_did_is_re
         with pytest.raises(StorageError, match=f"failed {Storage.RETRY_ATTEMPTS} times in a row .*unreachable"):
             call(".nbcc/table.json")
         assert len(calls) == Storage.RETRY_ATTEMPTS
+
+
+def test_a_relative_path_given_s3_options_is_taken_for_an_s3_uri_without_its_scheme(tmp_path, monkeypatch, caplog):
+    # "lake/orders" with S3 options made a local table under the current folder, without a word.
+    monkeypatch.chdir(tmp_path)
+    options = {"endpoint_url": "http://127.0.0.1:1", "key": "k", "secret": "s"}
+    with pytest.raises(nbcc.TableNotFoundError) as err:
+        nbcc.Table.open("lake/orders", options)
+    assert str(err.value).startswith(f"lake/orders is not an nbcc table (a local path: {tmp_path}/lake/orders; an "
+                                     "S3 table's URI starts with s3://)"), str(err.value)
+    with caplog.at_level("WARNING", logger="nbcc.storage_options"):
+        nbcc.Table.create("lake/orders", pa.schema([("id", pa.int64())]), "id", storage_options=options)
+    assert (tmp_path / "lake" / "orders" / ".nbcc" / "table.json").is_file()  # as documented: a local table
+    assert ("storage options ['endpoint_url', 'key', 'secret'] ignored: lake/orders is not on S3 but a folder "
+            f"under the current one ({tmp_path}/lake/orders); for S3, write s3://lake/orders") in caplog.text
+    # An absolute path with a job's S3 settings is a local table on purpose: no warning.
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nbcc.storage_options"):
+        nbcc.Table.create(str(tmp_path / "local"), pa.schema([("id", pa.int64())]), "id", storage_options=options)
+    assert "ignored" not in caplog.text
+
+
+def test_an_uppercase_scheme_is_the_same_storage(s3_table):
+    # "S3://..." failed with fsspec's "Protocol not known: S3".
+    uri, opts = s3_table
+    nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", storage_options=opts).write(pa.table({"id": [1]}))
+    assert nbcc.Table.open("S3" + uri[2:], opts).read().to_pylist() == [{"id": 1}]

@@ -178,8 +178,9 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     hours, or, given both, of either (window_start). Returns the clean's metadata (what was
     deleted; `earliest_retained`: where the window starts now, which an earlier clean may have
     put later than this one's policy would), `retain_commits_start`, where the window of this
-    one's policy starts (None: it retains every commit), and `data_commits`, how many it
-    counted. `progress(done, total)` is called while deleting. `dry_run`: change nothing; the same result says what would be
+    one's policy starts (None: it retains every commit), `data_commits`, how many it
+    counted, and `rolled_back_files`, the (partition, file) pairs of the writes it rolled back
+    that it deleted. `progress(done, total)` is called while deleting. `dry_run`: change nothing; the same result says what would be
     rolled back and deleted, and where the window would start (Delta's VACUUM DRY RUN)."""
     retain_commits = check_retention(retain_commits, retain_hours)
     timeout = (config.heartbeat_timeout_s if heartbeat_timeout_s is None
@@ -192,7 +193,9 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
         unfinished = _pending_cleans(storage)
         extra["finished_cleans"] = _files_left(storage, config, unfinished)
     else:
-        rolled_back = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
+        rolled_back_files = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
+        rolled_back = list(rolled_back_files)
+        extra["rolled_back_files"] = sorted(list(f) for files in rolled_back_files.values() for f in files)
         extra["finished_cleans"] = _finish_pending_cleans(storage, config, clock)
         unfinished = []
     timeline = Timeline.load(storage)

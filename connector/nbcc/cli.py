@@ -378,6 +378,8 @@ def cmd_clean(args: argparse.Namespace) -> int:
     if args.dry_run and result.get("rolled_back_files"):
         _print_files(f"{_n(len(result['rolled_back_files']), 'file')} of theirs would be deleted:",
                      result["rolled_back_files"])
+    elif rolled_back:
+        print(f"deleted {_n(len(result['rolled_back_files']), 'file')} of theirs")
     for finished in result.get("finished_cleans", []):  # a clean that a crash cut short, finished first
         what = f"clean {finished['instant']}, which an earlier run began and did not finish"
         if args.dry_run:
@@ -414,7 +416,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
         print(f"{'would keep' if args.dry_run else 'kept'} the files of the states of savepoint(s) {', '.join(before)}")
     deleted = result.get("deleted") or []
     if not args.dry_run:
-        print(f"deleted {_n(len(deleted), 'file')}")
+        print(f"deleted {_n(len(deleted), 'more file' if rolled_back else 'file')}")
         return 0
     _print_files(f"{_n(len(deleted), 'file')} would be deleted{':' if deleted else ''}", deleted)
     return 0

@@ -57,9 +57,15 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
                      idle_for_s: float | None = None) -> bool:
     """Roll back write `instant` unless it completed (or, with `idle_for_s`, unless its heartbeat
     is fresher than that when re-read under the lock). True if it is (now) rolled back."""
+    return _roll_back(storage, clock, instant, partition_depth, files, reason, idle_for_s) is not None
+
+
+def _roll_back(storage: Storage, clock: TimeGenerator, instant: str, partition_depth: int,
+               files: Iterable[dict[str, Any]], reason: str, idle_for_s: float | None) -> set[tuple[str, str]] | None:
+    """`rollback_instant`; the (partition, file) pairs it deleted, None if it did not roll back."""
     with clock.locked() as grant:
         if idle_for_s is not None and idle_ms(storage, instant) <= idle_for_s * 1000:
-            return False  # it beat again since it was found idle: alive
+            return None  # it beat again since it was found idle: alive
         inst = Timeline.load(storage).get(instant)
         if inst is not None and inst.action not in DATA_ACTIONS:
             raise InvalidOptionError(
@@ -69,13 +75,13 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
         if inst is None or inst.is_completed:
             if inst is not None:
                 log.warning("not rolling back %s: it completed", instant)
-            return False
+            return None
         mark_path = f"{TIMELINE_DIR}/{instant}.{inst.action}.{ROLLEDBACK}"
         if inst.state != ROLLEDBACK:
             mark = {"instant": instant, "rolled_back_at": grant.time, "reason": reason}
             grant.put_if_absent(storage, mark_path, json.dumps(mark).encode())
     if grant.overran and not _still_failed(storage, clock, instant, mark_path):
-        return False
+        return None
     doomed = {(f["partition"], f["name"]) for f in files} | files_of_instants(storage, partition_depth, {instant})
     for part, name in sorted(doomed):
         storage.delete(data_file_path(part, name))
@@ -84,7 +90,7 @@ def rollback_instant(storage: Storage, clock: TimeGenerator, instant: str, parti
     from .metadata_table import forget_rolled_back  # it imports the write path, which imports this
 
     forget_rolled_back(storage, instant)  # its metadata table rows, written before it failed
-    return True
+    return doomed
 
 
 def rollback_or_log(storage: Storage, clock: TimeGenerator, instant: str, partition_depth: int,
@@ -134,12 +140,14 @@ def failed_writes(storage: Storage, timeout_s: float, timeline: Timeline | None 
 
 
 def rollback_failed_writes(storage: Storage, clock: TimeGenerator, partition_depth: int,
-                           timeout_s: float) -> list[str]:
-    """Lazily roll back every write whose heartbeat expired; the instants rolled back."""
+                           timeout_s: float) -> dict[str, set[tuple[str, str]]]:
+    """Lazily roll back every write whose heartbeat expired; the instants rolled back, each with
+    the (partition, file) pairs of its that were deleted."""
     check_duration("heartbeat_timeout_s", timeout_s, "seconds")  # below 0: as 0, every write in flight
-    done = []
+    done = {}
     for failed in failed_writes(storage, timeout_s):
         reason = f"heartbeat expired ({failed.idle_s:.0f} s without one, timeout {timeout_s:.0f} s)"
-        if rollback_instant(storage, clock, failed.instant, partition_depth, reason=reason, idle_for_s=timeout_s):
-            done.append(failed.instant)
+        deleted = _roll_back(storage, clock, failed.instant, partition_depth, (), reason, timeout_s)
+        if deleted is not None:
+            done[failed.instant] = deleted
     return done

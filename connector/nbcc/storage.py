@@ -135,6 +135,9 @@ class Storage:
 
     def __init__(self, uri: str, storage_options: dict[str, Any] | None = None):
         self.uri = str(uri).rstrip("/") or "/"
+        scheme, sep, rest = self.uri.partition("://")
+        if sep and scheme.isalnum():  # URI schemes are case-insensitive (RFC 3986); fsspec's names are lowercase
+            self.uri = scheme.lower() + sep + rest
         self.storage_options = dict(storage_options or {})
         opts = filesystem_options(self.uri, self.storage_options)
         try:
@@ -286,6 +289,9 @@ class Storage:
             if isinstance(exc, (botocore.NoCredentialsError, botocore.PartialCredentialsError)):
                 hint = ("; give storage options key and secret, or set AWS_ACCESS_KEY_ID and "
                         "AWS_SECRET_ACCESS_KEY, or an AWS profile")
+                # fsspec keeps filesystems by their options: the next open with the same ones
+                # would reuse this one, which looks for credentials no more.
+                type(self.fs).clear_instance_cache()
             raise StorageError(f"{what} {path} failed: {type(exc).__name__}: {exc}{hint}") from exc
 
     # -- metadata primitives ---------------------------------------------------------------
@@ -460,7 +466,7 @@ class Storage:
     def open_write(self, rel: str) -> BinaryIO:
         """A new data file, open for writing. Opening is retried; a failure while writing is
         not (the content streams through), it raises a StorageError naming the file, and the
-        write's instant stays pending until it is rolled back."""
+        write is rolled back."""
         path = self.full_path(rel)
         return _DataSink(self._retry("open for writing", path, lambda: self._open_write_once(path)), path)
 
@@ -597,8 +603,10 @@ class _DataSink:
 
     def _failed(self, what: str, exc: Exception) -> StorageError:
         self.abort()
+        # Raised before the writer rolls the write back: it cannot say whether that worked.
         return StorageError(f"{what} data file {self._path} failed ({type(exc).__name__}: {exc}); "
-                            "the write stopped and its instant stays pending until it is rolled back")
+                            "the write stopped and is rolled back: at once by its writer where the "
+                            "storage allows, else by the next clean once its heartbeat expires")
 
     def abort(self) -> None:
         """Drop the file: its write failed (done here on any failure of this file; a writer

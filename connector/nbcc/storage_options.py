@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 from typing import Any, Mapping
 
 import fsspec
@@ -140,7 +141,12 @@ def filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
         raise StorageError(f"cannot open storage for {uri!r}: {exc}; install s3fs") from exc
     if not s3:
         # One job's settings often serve S3 and local tables alike: S3 options mean nothing here.
-        log.debug("storage options %s ignored: %s is not on S3", sorted(options), uri)
+        # With a relative path, though, the s3:// was most likely left out.
+        relative = "://" not in uri and not os.path.isabs(uri)
+        (log.warning if relative else log.debug)(
+            "storage options %s ignored: %s is not on S3%s", sorted(options), uri,
+            f" but a folder under the current one ({os.path.abspath(uri)}); for S3, write s3://{uri}"
+            if relative else "")
         return {}
     region = opts.pop("region_name", None)
     if region is not None:  # s3fs takes it only inside client_kwargs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -172,8 +173,11 @@ class Table:
             raise TableNotFoundError(f"{uri} is not an nbcc table: {_file_in_the_way(storage)}; "
                                      "give the table's folder path") from None
         except FileNotFoundError:
+            # A relative path is a folder under the current one: an S3 URI without its s3://?
+            where = (f" (a local path: {os.path.abspath(uri)}; an S3 table's URI starts with s3://)"
+                     if storage.is_local and "://" not in uri and not os.path.isabs(uri) else "")
             raise TableNotFoundError(
-                f"{uri} is not an nbcc table (no {TABLE_CONFIG_PATH}); create it with nbcc.Table.create "
+                f"{uri} is not an nbcc table{where} (no {TABLE_CONFIG_PATH}); create it with nbcc.Table.create "
                 "or by a first write with the record_key option"
             ) from None
         try:
@@ -526,7 +530,7 @@ class Table:
     def rollback_failed_writes(self, heartbeat_timeout_s: float | None = None) -> list[str]:
         """Roll back every write whose heartbeat expired; the instants rolled back."""
         timeout = self.config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
-        return rollback_failed_writes(self.storage, self.clock, len(self.config.partition_by), timeout)
+        return list(rollback_failed_writes(self.storage, self.clock, len(self.config.partition_by), timeout))
 
     def schedule_compaction(self) -> str | None:
         """Plan a compaction of every file group with log files; its instant, or None if there is

@@ -43,11 +43,14 @@ def options_from_conf(spark: SparkSession, prefix: str = CONF_PREFIX) -> dict[st
 def repartition_by_bucket(df: DataFrame, *, record_key: str | Sequence[str] | None = None,
                           buckets: int | None = None, partition_by: str | Sequence[str] | None = None,
                           path: str | None = None, storage_options: dict[str, Any] | None = None,
-                          num_partitions: int | None = None) -> DataFrame:
+                          num_partitions: int | None = None, **options: Any) -> DataFrame:
     """`df` repartitioned so that every (table partition, bucket) is in exactly one Spark
     partition: a write then makes one log file per bucket (plus rollovers), not one per task.
 
-    The table layout comes from the table at `path` if it exists, else from the arguments."""
+    The table layout comes from the table at `path` if it exists, else from the arguments.
+    `options`: `storage.*` options, as the write's (`**opts` of the README's S3 section), or
+    `storage_options` without the prefix."""
+    storage_options = {**(storage_options or {}), **parse_options(options, {}, "repartition_by_bucket")[1]}
     if path is not None:
         try:
             cfg = Table.open(path, storage_options).config
