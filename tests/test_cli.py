@@ -445,6 +445,16 @@ def test_compact_clean_and_archive_print_json_for_schedulers(local_table, capsys
     left = json.loads(out)["scheduled"]
     assert json.loads(run(capsys, "compact", uri, "--schedule-only", "--json")[1]) == {"scheduled": None,
                                                                                        "pending": [left]}
+    # A new one scheduled beside a pending one (of other file groups): both are reported.
+    other = nbcc.Table.create(uri + "-2", SCHEMA, "id", ordering_field="v", partition_by="p", buckets=2)
+    other.write(batch(range(4), 1, parts=("a",)))
+    first = json.loads(run(capsys, "compact", uri + "-2", "--schedule-only", "--json")[1])["scheduled"]
+    other.write(batch(range(4), 1, parts=("b",)))
+    again = json.loads(run(capsys, "compact", uri + "-2", "--schedule-only", "--json")[1])
+    assert again["scheduled"] not in (None, first) and again["pending"] == [first]
+    assert json.loads(run(capsys, "compact", uri + "-2", "--json", "-q", "--instant", again["scheduled"])[1]) == {
+        "compactions": [{"instant": again["scheduled"], "completion": completion_of(other, again["scheduled"]),
+                         "ran": True, "was_pending": True}]}
     table.write(batch([1], 9))
     code, out, _ = run(capsys, "compact", uri, "--json", "--quiet")
     assert code == 0

@@ -175,10 +175,28 @@ def test_a_literal_that_its_column_would_cut_is_refused(tmp_path):
     with pytest.raises(InvalidOptionError, match="update of column 'n': 9007199254740993"):
         t.update({"n": 2**53 + 1})
     assert [i.state for i in t.timeline()] == ["completed"]
+    with pytest.raises(InvalidOptionError, match="update of column 'small': 1e.39 would be stored as inf"):
+        t.update({"small": 1e39})  # a float32 overflows; a write of it is refused too
+    assert [i.state for i in t.timeline()] == ["completed"]
     # What fits is taken: midnight as a date, text as the column's type, a float as float32's nearest.
-    t.update({"day": dt.datetime(2026, 3, 4), "n": "1e3", "small": 0.1})
+    t.update({"day": dt.datetime(2026, 3, 4), "n": pa.scalar("1e3", pa.large_string()), "small": 0.1})
     assert t.read().to_pylist() == [{"id": 1, "day": dt.date(2026, 3, 4), "n": 1000.0,
                                      "small": pa.scalar(0.1, pa.float32()).as_py()}]
+
+
+def test_floats_nested_in_narrower_float_columns_and_integers_in_decimal_columns_are_taken(tmp_path):
+    import math
+    from decimal import Decimal
+
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("emb", pa.list_(pa.float32())),
+                        ("pt", pa.struct([("x", pa.float32())])), ("amount", pa.decimal128(10, 2))])
+    t = nbcc.Table.create(str(tmp_path / "t"), schema, "id", buckets=1)
+    t.write(pa.table({"id": [1], "emb": [[1.0]], "pt": [{"x": 1.0}], "amount": [Decimal("1.00")]}, schema=schema))
+    t.update({"emb": [0.1, float("nan")], "pt": {"x": 0.1}, "amount": 5})
+    row = t.read().to_pylist()[0]
+    f32 = pa.scalar(0.1, pa.float32()).as_py()
+    assert row["emb"][0] == f32 and math.isnan(row["emb"][1]) and row["pt"] == {"x": f32}
+    assert row["amount"] == Decimal("5.00")
 
 
 def test_times_with_and_without_a_zone_do_not_stand_in_for_each_other(tmp_path):

@@ -196,7 +196,14 @@ def test_a_pandas_frames_index_is_not_written_unless_named(tmp_path):
     table.write(pd.DataFrame({"id": [2], "v": [5]}).set_index("id", drop=False))  # both: the column
     with pytest.raises(InvalidOptionError, match="lacks record key"):
         table.write(pd.DataFrame({"v": [7]}, index=pd.Index([9])))  # an unnamed index is not the key
+    # A named level beside unnamed ones is data too; one named as a column must hold its values.
+    table.write(pd.DataFrame({"id": [30], "v": [3]}).set_index("v", append=True))
+    with pytest.raises(InvalidOptionError, match="the pandas frame's index level 'v' has the name of a column but "
+                                                 "other values: rename one, or drop the index"):
+        table.write(pd.DataFrame({"id": [31], "v": [3]}, index=pd.Index([100], name="v")))
+    with pytest.raises(InvalidOptionError, match=r"got a single column \(Series\): give series.to_frame\(\)"):
+        table.write(pd.Series([1], name="id"))
     assert table.schema().names == ["id", "v"]
     assert table.read().sort_by("id").to_pylist() == [
         {"id": 1, "v": 10}, {"id": 2, "v": 5}, {"id": 3, "v": 30}, {"id": 4, "v": 40}, {"id": 20, "v": 1},
-        {"id": 21, "v": 2}]
+        {"id": 21, "v": 2}, {"id": 30, "v": 3}]

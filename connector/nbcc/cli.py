@@ -304,7 +304,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
     say = _quiet_if(args.json)
     if args.schedule_only:
         tc = table.schedule_compaction()
-        pending = [] if tc is not None else table.pending_compactions()
+        pending = [p for p in table.pending_compactions() if p != tc]  # left by earlier runs, or running
         if args.json:
             _print_json({"scheduled": tc, "pending": pending})
         elif tc is not None:
@@ -330,7 +330,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
             done = _run_compaction(table, args, tc)
             say(f"compaction {tc} completed at {done}" if done is not None
                 else f"compaction {tc} was completed meanwhile by another run")
-            ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": False})
+            # Scheduled earlier (--schedule-only, or a run that stopped): pending until this run.
+            ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": True})
         return _print_json({"compactions": ran}) if args.json else 0
     pending = table.pending_compactions()
     if pending:
@@ -779,8 +780,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only schedule; print the compaction's instant (run it later with --instant)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
-                   help="print a JSON object instead: compactions (each: instant, completion, ran, was_pending); "
-                        "with --schedule-only: scheduled, pending")
+                   help="print a JSON object instead: compactions (each: instant, completion, ran, was_pending: "
+                        "scheduled before this run); with --schedule-only: scheduled, pending (the others)")
     p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("clean", parents=[common], help="roll back failed writes and delete unneeded files",
@@ -813,8 +814,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"data commits kept on the active timeline if the table was never cleaned "
                         f"(default {DEFAULT_RETAIN_COMMITS})")
     p.add_argument("--json", action="store_true",
-                   help="print a JSON object instead: archived (instants), file (the history file or null), "
-                        "finished (instants of an earlier archival it finished)")
+                   help="print a JSON object instead: archived (how many instants), file (the history file or "
+                        "null), finished (how many instants of an earlier archival it finished)")
     p.set_defaults(func=cmd_archive)
 
     p = sub.add_parser("rollback", parents=[common], help="roll back a write that did not complete",

@@ -88,8 +88,8 @@ def _schema_drift(i: int, first: pa.Schema, other: pa.Schema) -> str:
     differences = [f"{n!r} is missing" for n in a if n not in b] + [f"{n!r} is added" for n in b if n not in a]
     differences += [f"{n!r} is {b[n]}, not {a[n]}" for n in a if n in b and not a[n].equals(b[n])]
     if not differences:
-        differences = ["the columns are in another order" if list(a) != list(b) else "the fields' nullability "
-                       "or metadata differ"]
+        differences = ["the columns are in another order" if list(a) != list(b) else "the columns' nullability "
+                       "differs"]
     return (f"item {i} of the data has another schema than the first ({'; '.join(differences)}): every "
             "batch of a write must have the same columns, in the same order, of the same types; cast them "
             "to one schema first (batch.select(names).cast(schema)). Nothing of this write is committed")
@@ -106,19 +106,35 @@ def _refuse_known_mistakes(data: Any) -> None:
     if isinstance(data, (pa.Array, pa.ChunkedArray)):
         raise InvalidOptionError(f"data must be a table of named columns; got a single {kind.__name__}: give "
                                  "pa.table({'id': array, ...})")
+    if _is_pandas(data, "Series"):
+        raise InvalidOptionError("data must be a table of named columns; got a single column (Series): give "
+                                 "series.to_frame() or a DataFrame")
+
+
+def _is_pandas(data: Any, kind: str) -> bool:
+    return type(data).__module__.split(".")[0] == "pandas" and type(data).__name__ == kind
 
 
 def _is_pandas_frame(data: Any) -> bool:
-    kind = type(data)
-    return kind.__module__.split(".")[0] == "pandas" and kind.__name__ == "DataFrame"
+    return _is_pandas(data, "DataFrame")
 
 
 def _from_pandas(frame: Any) -> pa.Table:
-    """A pandas frame's columns as Arrow. Its index is not data, as in Spark's createDataFrame,
-    except a named one (`set_index("id")`), which becomes columns: pandas's own export writes an
-    unnamed index as a column `__index_level_0__` (which would be added to the table for good),
-    and a named one of evenly spaced numbers as schema metadata only (its column missing)."""
-    names = list(frame.index.names)
-    if all(n is not None for n in names) and not set(names) & set(map(str, frame.columns)):
-        frame = frame.reset_index()
+    """A pandas frame's columns as Arrow. Its unnamed index levels are not data, as in Spark's
+    createDataFrame; its named ones (`set_index("id")`) become columns. pandas's own export wrote
+    an unnamed index as a column `__index_level_0__` (added to the table for good), and a named
+    one of evenly spaced numbers as schema metadata only (its column missing). A named level
+    that is also a column must hold the column's values: else which one is meant is unclear."""
+    import pandas as pd  # there: the frame is one
+
+    columns = set(map(str, frame.columns))
+    named = [n for n in frame.index.names if n is not None]
+    for name in (n for n in named if str(n) in columns):
+        if not frame.index.get_level_values(name).equals(pd.Index(frame[name])):
+            raise InvalidOptionError(
+                f"the pandas frame's index level {name!r} has the name of a column but other values: "
+                "rename one, or drop the index (frame.reset_index(drop=True))")
+    kept = [n for n in named if str(n) not in columns]
+    if kept:
+        frame = frame.reset_index(level=kept)
     return pa.Table.from_pandas(frame, preserve_index=False).replace_schema_metadata(None)

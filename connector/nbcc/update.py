@@ -16,6 +16,7 @@ them, and a null new value leaves its column as it was (a literal null is refuse
 
 from __future__ import annotations
 
+import math
 from decimal import Decimal
 from typing import Any, Mapping
 
@@ -67,6 +68,8 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
         given = value
         if isinstance(value, float) and pa.types.is_decimal(t):
             value = Decimal(repr(value))  # as written, so that the cast refuses digits it would round away
+        elif isinstance(value, int) and not isinstance(value, bool) and pa.types.is_decimal(t):
+            value = Decimal(value)  # an int64 would need 19 digits before the point
         try:
             scalar = value if isinstance(value, pa.Scalar) else pa.scalar(value)
             given_type = scalar.type
@@ -104,16 +107,35 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
 def _changed_by_cast(given: pa.Scalar, stored: pa.Scalar) -> bool:
     """Does `stored` (`given` cast to a column's type) not give `given` back? A cast that cannot
     be undone changed nothing a reader could compare (5 stored as '5'); nor does text read as
-    its column's type, which Arrow parses strictly or refuses ('1e3' is 1000.0)."""
-    if given.type.equals(stored.type) or not given.is_valid or pa.types.is_string(given.type):
+    its column's type, which Arrow parses strictly or refuses ('1e3' is 1000.0); nor a float
+    stored in a narrower float, at any depth (0.1 in a float32 column is the float32 nearest it,
+    as in a write), unless it overflows to infinity."""
+    if given.type.equals(stored.type) or not given.is_valid or _is_text(given.type):
         return False
+    if _floats_as_doubles(given.type).equals(_floats_as_doubles(stored.type)):
+        return pa.types.is_floating(stored.type) and math.isinf(stored.as_py()) and not math.isinf(given.as_py())
     try:
         back = stored.cast(given.type)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
         return False
-    if pa.types.is_floating(given.type) and (pa.types.is_floating(stored.type) or given.as_py() != given.as_py()):
-        return False  # 0.1 in a float32 column is the float32 nearest it, as in a write; NaN is no number
     return back != given
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
+def _floats_as_doubles(t: pa.DataType) -> pa.DataType:
+    """`t` with every float, at any depth, a double: types that differ only in float widths."""
+    if pa.types.is_floating(t):
+        return pa.float64()
+    if pa.types.is_struct(t):
+        return pa.struct([t.field(i).with_type(_floats_as_doubles(t.field(i).type)) for i in range(t.num_fields)])
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return pa.list_(_floats_as_doubles(t.value_type))
+    if pa.types.is_map(t):
+        return pa.map_(_floats_as_doubles(t.key_type), _floats_as_doubles(t.item_type))
+    return t
 
 
 def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expression], config: TableConfig
@@ -139,7 +161,8 @@ def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expressio
         if "Precision is not great enough" in problem:  # `pc.field("price") * 2` on a decimal(10, 2)
             problem += (" (Arrow takes a Python integer as a decimal of 19 digits or more: in an expression over "
                         "a decimal column, give numbers as decimals, pa.scalar(Decimal('2')))")
-        elif "Rescaling Decimal value would cause data loss" in problem:  # price * Decimal('1.1')
+        elif "Rescaling Decimal value would cause data loss" in problem and any(  # price * Decimal('1.1')
+                f.name in updates and pa.types.is_decimal(f.type) for f in rows.schema):
             scales = {f.name: f.type.scale for f in rows.schema if f.name in updates and pa.types.is_decimal(f.type)}
             problem += (" (a result has more digits after the point than its column holds: round it to the "
                         "column's scale, " + ", ".join(f"{c}: pc.round(..., {n})" for c, n in scales.items()) + ")")
