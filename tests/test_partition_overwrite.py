@@ -352,6 +352,31 @@ def test_delete_partitions_removes_their_rows_in_one_commit_and_time_travel_and_
     assert last_completed(table).action == "deltacommit"
 
 
+def test_cdc_dates_a_change_by_the_overwrite_that_made_it_after_the_write_of_the_key(tmp_path):
+    # A key written in the range and then removed by an overwrite of its partition in the range
+    # was dated by its write, before the overwrite that deleted it.
+    table = new_table(str(tmp_path / "t"))
+    table.write(batch([0, 1], 1, "a"))  # 0 in d1, 1 in d2
+    begin = last_completed(table).completion
+    table.write(batch([0, 3, 1], 2, "b"))  # 0 changes and 3 is new in d1; 1 changes in d2
+    written = last_completed(table).completion
+    table.write(batch([6], 3, "o"), mode="overwrite", partition_overwrite_mode="dynamic")  # replaces d1
+    overwrite = last_completed(table).completion
+    table.write(batch([9], 4, "c"))  # a new key in d1 after the overwrite
+    later = last_completed(table).completion
+    cdc = table.read(query_type="incremental", begin=begin, incremental_format="cdc")
+    assert sorted((r["id"], r["_change_type"], r["_nbcc_completion_time"]) for r in cdc.to_pylist()) == [
+        (0, "delete", overwrite),  # existed at begin, changed, then the overwrite removed it
+        (1, "update", written),  # its partition was not replaced
+        (6, "insert", overwrite), (9, "insert", later)]  # key 3 came and went in the range: no row
+    cdc = table.read(query_type="incremental", begin=written, end=overwrite, incremental_format="cdc")
+    assert sorted((r["id"], r["_change_type"], r["_nbcc_completion_time"]) for r in cdc.to_pylist()) == [
+        (0, "delete", overwrite), (3, "delete", overwrite), (6, "insert", overwrite)]
+    cdc = table.read(query_type="incremental", begin=begin, end=overwrite, incremental_format="cdc")
+    assert sorted((r["id"], r["_change_type"], r["_nbcc_completion_time"]) for r in cdc.to_pylist()) == [
+        (0, "delete", overwrite), (1, "update", written), (6, "insert", overwrite)]
+
+
 def test_the_rows_form_deletes_the_partitions_the_rows_are_in_and_ignores_their_other_columns(tmp_path):
     table = new_table(str(tmp_path / "t"), partition_by="day,ts")
     table.write(batch(range(6), 1, "a"))

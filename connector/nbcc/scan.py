@@ -730,6 +730,10 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     if task.reset_completion:  # an overwrite in the range changed every earlier key
         extra = pc.filter(before.column(match), pc.invert(pc.is_in(before.column(match), value_set=keys)))
         keys = pa.concat_arrays([keys, extra.combine_chunks()])
+        # A key written in the range before the overwrite changed last at the overwrite (which
+        # may have removed it), not at its write.
+        reset = pa.scalar(task.reset_completion, pa.string())
+        last_change = pc.if_else(pc.less(last_change, reset), reset, last_change)
         last_change = pa.concat_arrays([last_change, constant_strings(task.reset_completion, len(extra))])
     b_idx = pc.index_in(keys, value_set=before.column(match).combine_chunks())
     a_idx = pc.index_in(keys, value_set=after.column(match).combine_chunks())
