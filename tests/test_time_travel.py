@@ -1265,8 +1265,8 @@ def test_cdc_of_a_few_changes_to_a_compacted_file_group_matches_the_states_at_be
         for i in ids:
             last_write[key(i)] = max(last_write.get(key(i), done), done)
     touched = dict(last_write)
-    if overwrite is not None:
-        touched = {k: overwrite for k in before} | last_write
+    if overwrite is not None:  # it touched every earlier key; a key written before it changed last at it
+        touched = {k: max(overwrite, last_write.get(k, overwrite)) for k in set(before) | set(last_write)}
     expected = {}
     for k, last in touched.items():
         old, new = before.get(k), after.get(k)
