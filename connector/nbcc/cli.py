@@ -326,12 +326,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
         if inst.is_completed:
             say(f"compaction {tc} is already completed (at {inst.completion})")
             ran.append({"instant": tc, "completion": inst.completion, "ran": False, "was_pending": False})
-        else:
-            done = _run_compaction(table, args, tc)
-            say(f"compaction {tc} completed at {done}" if done is not None
-                else f"compaction {tc} was completed meanwhile by another run")
-            # Scheduled earlier (--schedule-only, or a run that stopped): pending until this run.
-            ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": True})
+        else:  # scheduled earlier (--schedule-only, or a run that stopped): pending until this run
+            ran.append(_run_and_tell(table, args, tc, say, was_pending=True, told="compaction"))
         return _print_json({"compactions": ran}) if args.json else 0
     pending = table.pending_compactions()
     if pending:
@@ -340,19 +336,26 @@ def cmd_compact(args: argparse.Namespace) -> int:
               f"crashed, or another process is running {'them' if many else 'it'}): {', '.join(pending)}; "
               f"finishing {'them' if many else 'it'} first")
         for tc in pending:
-            done = _run_compaction(table, args, tc)
-            say(f"finished pending compaction {tc}, completed at {done}" if done is not None
-                else f"pending compaction {tc} was completed meanwhile by another run")
-            ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": True})
+            ran.append(_run_and_tell(table, args, tc, say, was_pending=True, told="pending compaction"))
     tc = table.schedule_compaction()
     if tc is None:
         say("nothing to compact")
     else:
-        done = _run_compaction(table, args, tc)
-        say(f"compaction {tc} completed at {done}" if done is not None
-            else f"compaction {tc} was completed meanwhile by another run")
-        ran.append({"instant": tc, "completion": done, "ran": done is not None, "was_pending": False})
+        ran.append(_run_and_tell(table, args, tc, say, was_pending=False, told="compaction"))
     return _print_json({"compactions": ran}) if args.json else 0
+
+
+def _run_and_tell(table: Table, args: argparse.Namespace, tc: str, say: Callable[[str], None], *,
+                  was_pending: bool, told: str) -> dict[str, Any]:
+    """Run compaction `tc`, say how it ended, and return what --json reports of it."""
+    done = _run_compaction(table, args, tc)
+    if done is None:
+        say(f"{told} {tc} was completed meanwhile by another run")
+    elif told.startswith("pending"):  # one an earlier run left
+        say(f"finished {told} {tc}, completed at {done}")
+    else:
+        say(f"{told} {tc} completed at {done}")
+    return {"instant": tc, "completion": done, "ran": done is not None, "was_pending": was_pending}
 
 
 def _quiet_if(json_wanted: bool) -> Callable[[str], None]:
