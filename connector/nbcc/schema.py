@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -189,26 +189,38 @@ def _nested_equal_ignoring_nullability(a: pa.DataType, b: pa.DataType) -> bool:
 _UNIT_RANK = {"s": 0, "ms": 1, "us": 2, "ns": 3}
 
 
+def map_type(t: pa.DataType, fn: Callable[[pa.DataType], pa.DataType]) -> pa.DataType:
+    """`t` with `fn` applied to every type in it, innermost first: the children of a struct,
+    list, map or dictionary are mapped (their fields keep names and nullability), then `fn`
+    takes the type holding them."""
+    if pa.types.is_struct(t):
+        t = pa.struct([t.field(i).with_type(map_type(t.field(i).type, fn)) for i in range(t.num_fields)])
+    elif pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        value = t.value_field.with_type(map_type(t.value_type, fn))
+        t = (pa.large_list(value) if pa.types.is_large_list(t) else
+             pa.list_(value, t.list_size) if pa.types.is_fixed_size_list(t) else pa.list_(value))
+    elif pa.types.is_map(t):
+        t = pa.map_(t.key_field.with_type(map_type(t.key_type, fn)), t.item_field.with_type(map_type(t.item_type, fn)))
+    elif pa.types.is_dictionary(t):
+        t = pa.dictionary(t.index_type, map_type(t.value_type, fn), t.ordered)
+    return fn(t)
+
+
 def plain_type(t: pa.DataType) -> pa.DataType:
     """The type values of Arrow type `t` are stored as: a dictionary as its values, a string or
     binary view as a plain string or binary, a fixed-size list as a list (pandas categoricals,
     Polars strings and embedding arrays arrive so; Parquet and Spark have none of these)."""
-    if pa.types.is_dictionary(t):
-        return plain_type(t.value_type)
-    if pa.types.is_string_view(t):
-        return pa.string()
-    if pa.types.is_binary_view(t):
-        return pa.binary()
-    if pa.types.is_fixed_size_list(t) or pa.types.is_list(t):
-        return pa.list_(t.value_field.with_type(plain_type(t.value_type)))
-    if pa.types.is_large_list(t):
-        return pa.large_list(t.value_field.with_type(plain_type(t.value_type)))
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(plain_type(t.field(i).type)) for i in range(t.num_fields)])
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(plain_type(t.key_type)),
-                       t.item_field.with_type(plain_type(t.item_type)))
-    return t
+    def plain(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_dictionary(t):
+            return t.value_type
+        if pa.types.is_string_view(t):
+            return pa.string()
+        if pa.types.is_binary_view(t):
+            return pa.binary()
+        if pa.types.is_fixed_size_list(t):
+            return pa.list_(t.value_field)
+        return t
+    return map_type(t, plain)
 
 
 def check_column(name: str, t: pa.DataType) -> None:
@@ -417,19 +429,8 @@ def _without_view_dictionaries(t: pa.DataType) -> pa.DataType:
     """`t` with the values of its dictionaries, at any depth, of `plain_type`: Arrow cannot decode
     a dictionary of string views (Polars' categoricals) but can cast it to one of strings,
     which it then decodes."""
-    if pa.types.is_dictionary(t):
-        return pa.dictionary(t.index_type, plain_type(t.value_type), t.ordered)
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(_without_view_dictionaries(t.field(i).type))
-                          for i in range(t.num_fields)])
-    if pa.types.is_map(t):
-        return pa.map_(t.key_field.with_type(_without_view_dictionaries(t.key_type)),
-                       t.item_field.with_type(_without_view_dictionaries(t.item_type)))
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        value = t.value_field.with_type(_without_view_dictionaries(t.value_type))
-        return (pa.large_list(value) if pa.types.is_large_list(t) else
-                pa.list_(value, t.list_size) if pa.types.is_fixed_size_list(t) else pa.list_(value))
-    return t
+    return map_type(t, lambda t: pa.dictionary(t.index_type, plain_type(t.value_type), t.ordered)
+                    if pa.types.is_dictionary(t) else t)
 
 
 def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:

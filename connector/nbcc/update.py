@@ -27,7 +27,7 @@ import pyarrow.dataset as ds
 from .config import COMMIT_TIME, PARTIAL_UPDATE, TableConfig
 from .errors import InvalidOptionError
 from .expr import cut_description, describe_expression, sql_literal, sql_name
-from .schema import is_reserved
+from .schema import is_reserved, map_type
 
 _EXAMPLE = "e.g. {'status': 'shipped', 'price': pc.field('price') * 1.1}"
 
@@ -126,16 +126,15 @@ def _is_text(t: pa.DataType) -> bool:
 
 
 def _floats_as_doubles(t: pa.DataType) -> pa.DataType:
-    """`t` with every float, at any depth, a double: types that differ only in float widths."""
-    if pa.types.is_floating(t):
-        return pa.float64()
-    if pa.types.is_struct(t):
-        return pa.struct([t.field(i).with_type(_floats_as_doubles(t.field(i).type)) for i in range(t.num_fields)])
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
-        return pa.list_(_floats_as_doubles(t.value_type))
-    if pa.types.is_map(t):
-        return pa.map_(_floats_as_doubles(t.key_type), _floats_as_doubles(t.item_type))
-    return t
+    """`t` with every float, at any depth, a double, and every list a plain one: types that
+    differ only in float widths map to one."""
+    def doubled(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_floating(t):
+            return pa.float64()
+        if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+            return pa.list_(t.value_type)
+        return pa.map_(t.key_type, t.item_type) if pa.types.is_map(t) else t
+    return map_type(t, doubled)
 
 
 def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expression], config: TableConfig
