@@ -183,8 +183,7 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     that it deleted. `progress(done, total)` is called while deleting. `dry_run`: change nothing; the same result says what would be
     rolled back and deleted, and where the window would start (Delta's VACUUM DRY RUN)."""
     retain_commits = check_retention(retain_commits, retain_hours)
-    timeout = (config.heartbeat_timeout_s if heartbeat_timeout_s is None
-               else check_duration("heartbeat_timeout_s", heartbeat_timeout_s, "seconds"))
+    timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
     extra: dict[str, Any] = {}  # for the caller, not the clean's metadata: what else the run did, its plan
     if dry_run:
         rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]

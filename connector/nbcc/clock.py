@@ -324,6 +324,7 @@ class TimeGenerator:
                     self.stats.cas_conflicts += 1
                 lost += 1
             waited_ms = (time.monotonic() - start) * 1000
+            times = f"{lost} time{'' if lost == 1 else 's'}"  # the lock was free, and others swapped first
             if waited_ms > SLOW_LOCK_MS and not told:  # else a crashed holder's lease is a silent stall
                 told = True
                 if state.holder:
@@ -332,9 +333,9 @@ class TimeGenerator:
                                 *(state.holder + ":?").split(":")[:2], format_time(state.lease_until_ms))
                 else:  # free when read, and another process swapped first: contention, no one stuck
                     log.warning("waiting for the table lock of %s for %.0f s: it is free between holds, and other "
-                                "processes (writers committing, table services) took it first %d time%s; each "
-                                "holds it briefly, so many at once queue for it: fewer, larger commits wait less",
-                                self.storage.uri, waited_ms / 1000, lost, "" if lost == 1 else "s")
+                                "processes (writers committing, table services) took it first %s; each holds it "
+                                "briefly, so many at once queue for it: fewer, larger commits wait less",
+                                self.storage.uri, waited_ms / 1000, times)
             # The default wait outlasts the holder's lease too, when it is longer than ours.
             limit = self.timeout_ms if self._timeout_arg is not None else max(self.timeout_ms, 2 * state.lease_ms + 30_000)
             if waited_ms > limit:
@@ -342,8 +343,8 @@ class TimeGenerator:
                     f"waited {waited_ms:.0f} ms for the table lock of {self.storage.uri} "
                     + (f"(held by {state.holder}, lease until {format_time(state.lease_until_ms)}); another writer "
                        "may be stuck: it is taken over once its lease runs out" if state.holder else
-                       f"(free when last read; other processes took it first {lost} time{'' if lost == 1 else 's'}): too many processes "
-                       "commit at once for this wait; fewer, larger commits (or fewer writers at once) wait less")
+                       f"(free when last read; other processes took it first {times}): too many processes commit "
+                       "at once for this wait; fewer, larger commits (or fewer writers at once) wait less")
                 )
             attempt += 1
             time.sleep(min(_MAX_BACKOFF_S, 0.001 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.5))

@@ -29,16 +29,14 @@ def as_arrow(data: Any) -> pa.Table | pa.RecordBatch | pa.RecordBatchReader | An
     if isinstance(data, ds.Scanner):
         return data.to_reader()
     _refuse_known_mistakes(data)
-    if _is_pandas_frame(data):
+    if _is_pandas(data, "DataFrame"):
         return _from_pandas(data)
     if hasattr(data, "__arrow_c_stream__"):
         try:
             return pa.RecordBatchReader.from_stream(data)
         except pa.ArrowInvalid as exc:
             if "non-struct" in str(exc):  # a pandas Series, an Arrow array: one column, no names
-                raise InvalidOptionError(f"data must be a table of named columns; got a single column "
-                                         f"({type(data).__name__}): give a table or data frame "
-                                         "(pa.table({'id': column, ...}), series.to_frame())") from None
+                raise _one_column(data, "pa.table({'id': column, ...}), series.to_frame()") from None
             raise
     return data
 
@@ -104,19 +102,19 @@ def _refuse_known_mistakes(data: Any) -> None:
         raise InvalidOptionError("a Polars LazyFrame is a query, not data: give frame.collect() (or "
                                  "frame.collect_batches() for a stream of batches)")
     if isinstance(data, (pa.Array, pa.ChunkedArray)):
-        raise InvalidOptionError(f"data must be a table of named columns; got a single {kind.__name__}: give "
-                                 "pa.table({'id': array, ...})")
+        raise _one_column(data, "pa.table({'id': array, ...})", of_its_kind=True)
     if _is_pandas(data, "Series"):
-        raise InvalidOptionError("data must be a table of named columns; got a single column (Series): give "
-                                 "series.to_frame() or a DataFrame")
+        raise _one_column(data, "series.to_frame() or a DataFrame")
+
+
+def _one_column(data: Any, instead: str, of_its_kind: bool = False) -> InvalidOptionError:
+    """The error for data that is one unnamed column, naming what to give `instead`."""
+    what = f"a single {type(data).__name__}" if of_its_kind else f"a single column ({type(data).__name__})"
+    return InvalidOptionError(f"data must be a table of named columns; got {what}: give {instead}")
 
 
 def _is_pandas(data: Any, kind: str) -> bool:
     return type(data).__module__.split(".")[0] == "pandas" and type(data).__name__ == kind
-
-
-def _is_pandas_frame(data: Any) -> bool:
-    return _is_pandas(data, "DataFrame")
 
 
 def _from_pandas(frame: Any) -> pa.Table:

@@ -127,6 +127,7 @@ class FailedWrite:
 
 def failed_writes(storage: Storage, timeout_s: float, timeline: Timeline | None = None) -> list[FailedWrite]:
     """Pending writes whose heartbeat (or, if none, their start) is older than `timeout_s`."""
+    check_duration("heartbeat_timeout_s", timeout_s, "seconds")  # below 0: as 0, every write in flight
     timeline = timeline or Timeline.load(storage)
     now = time.time_ns() // 1_000_000
     out = []
@@ -143,7 +144,6 @@ def rollback_failed_writes(storage: Storage, clock: TimeGenerator, partition_dep
                            timeout_s: float) -> dict[str, set[tuple[str, str]]]:
     """Lazily roll back every write whose heartbeat expired; the instants rolled back, each with
     the (partition, file) pairs of its that were deleted."""
-    check_duration("heartbeat_timeout_s", timeout_s, "seconds")  # below 0: as 0, every write in flight
     done = {}
     for failed in failed_writes(storage, timeout_s):
         reason = f"heartbeat expired ({failed.idle_s:.0f} s without one, timeout {timeout_s:.0f} s)"

@@ -444,8 +444,9 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
             cols.append(null_array(table.num_rows, f.type))
             continue
         col = table.column(idx)
-        if not _without_view_dictionaries(col.type).equals(col.type):
-            col = pc.cast(col, _without_view_dictionaries(col.type))
+        decodable = _without_view_dictionaries(col.type)
+        if not decodable.equals(col.type):
+            col = pc.cast(col, decodable)
         if _strict_struct_field(f.type) and pa.types.is_struct(col.type):
             col = pa.chunked_array([_settled(c, f.type) for c in col.chunks], type=col.type)
         if not col.type.equals(f.type):

@@ -126,6 +126,11 @@ def check_storage_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return opts
 
 
+def is_relative_path(uri: str) -> bool:
+    """Is `uri` a local path relative to the current folder (perhaps an S3 URI without s3://)?"""
+    return "://" not in uri and not os.path.isabs(uri)
+
+
 def filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
     """The fsspec options for `uri`: checked (an unknown name is an error, not ignored) and
     coerced; a table not on S3 takes none, and ignores S3 options. On S3, fsspec's listing
@@ -142,7 +147,7 @@ def filesystem_options(uri: str, options: dict[str, Any]) -> dict[str, Any]:
     if not s3:
         # One job's settings often serve S3 and local tables alike: S3 options mean nothing here.
         # With a relative path, though, the s3:// was most likely left out.
-        relative = "://" not in uri and not os.path.isabs(uri)
+        relative = is_relative_path(uri)
         (log.warning if relative else log.debug)(
             "storage options %s ignored: %s is not on S3%s", sorted(options), uri,
             f" but a folder under the current one ({os.path.abspath(uri)}); for S3, write s3://{uri}"

@@ -68,6 +68,7 @@ from .scan import ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_t
 from .schema import evolve_schema, widened_columns
 from .update import apply_updates, check_updates, describe_updates
 from .storage import Storage
+from .storage_options import is_relative_path
 from .timeline import (
     COMPACTION,
     DATA_ACTIONS,
@@ -175,7 +176,7 @@ class Table:
         except FileNotFoundError:
             # A relative path is a folder under the current one: an S3 URI without its s3://?
             where = (f" (a local path: {os.path.abspath(uri)}; an S3 table's URI starts with s3://)"
-                     if storage.is_local and "://" not in uri and not os.path.isabs(uri) else "")
+                     if storage.is_local and is_relative_path(uri) else "")
             raise TableNotFoundError(
                 f"{uri} is not an nbcc table{where} (no {TABLE_CONFIG_PATH}); create it with nbcc.Table.create "
                 "or by a first write with the record_key option"

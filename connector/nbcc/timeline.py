@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from .clock import TIME_LEN, LockGrant
-from .errors import CommitError, TimelineFileError
+from .errors import CommitError, NbccError, TimelineFileError
 from .storage import Storage
 
 TIMELINE_DIR = ".nbcc/timeline"
@@ -218,20 +218,22 @@ def read_commit_metadatas(storage: Storage, instants: Iterable[Instant]) -> dict
 
 
 def read_rollback_marks(storage: Storage, instants: Iterable[Instant]) -> dict[str, dict[str, Any]]:
-    """The rollback mark of each rolled-back one of `instants`, by instant: when it was rolled
-    back (`rolled_back_at`) and why (`reason`), as the rollback wrote them; {} for a mark that
-    is gone (archived since the listing) or damaged: these only inform."""
-    def read(storage: Storage, inst: Instant) -> dict[str, Any]:
-        try:
-            if inst.archived:
-                return json.loads(_HISTORY_MARKS[(storage.uri, inst.instant)])
-            return read_timeline_file(storage, inst.file_name, f"the rollback mark of {inst.instant}")
-        except (FileNotFoundError, KeyError, ValueError, TimelineFileError):
-            return {}
-
+    """The rollback mark of each rolled-back one of `instants`, by instant (`_read_mark`)."""
     marked = [i for i in instants if i.state == ROLLEDBACK]
-    return dict(zip((i.instant for i in marked), _fetch_all(storage, marked, read) or
-                    [read(storage, i) for i in marked]))
+    return dict(zip((i.instant for i in marked), _fetch_all(storage, marked, _read_mark) or
+                    [_read_mark(storage, i) for i in marked]))
+
+
+def _read_mark(storage: Storage, inst: Instant) -> dict[str, Any]:
+    """The rollback mark of rolled-back `inst`: when it was rolled back (`rolled_back_at`) and
+    why (`reason`), as the rollback wrote them; {} for a mark that is gone (archived since the
+    listing), damaged or unreadable: a mark only informs."""
+    try:
+        if inst.archived:
+            return json.loads(_HISTORY_MARKS[(storage.uri, inst.instant)])
+        return read_timeline_file(storage, inst.file_name, f"the rollback mark of {inst.instant}")
+    except (OSError, KeyError, ValueError, NbccError):
+        return {}
 
 
 def _fetch_all(storage: Storage, items: list[Any], read: Callable[[Storage, Any], Any]) -> list[Any]:
@@ -275,23 +277,14 @@ def create_inflight(storage: Storage, instant: str, action: str, info: dict[str,
         raise CommitError(f"instant {instant} is already inflight")
 
 
-def _rollback_reason(storage: Storage, mark_path: str) -> str | None:
-    """The reason a rollback mark records (a manual rollback, an expired heartbeat, an aborted
-    job), so that the writer it stopped can say why; None if the mark cannot be read."""
-    try:
-        reason = json.loads(storage.read_bytes(mark_path)).get("reason")
-    except Exception:  # noqa: BLE001 - only for the message: the commit is refused either way
-        return None
-    return reason.strip() if isinstance(reason, str) and reason.strip() else None
-
-
 def _rolled_back(storage: Storage, instant: str, names: Iterable[str]) -> CommitError | None:
     """The error of a writer of `instant` once a rollback marked it (one of `names`, the
     timeline's names that start with it); None if none did."""
     for name in names:
         if name.startswith(f"{instant}.") and name.endswith(f".{ROLLEDBACK}"):
-            why = _rollback_reason(storage, f"{TIMELINE_DIR}/{name}")
-            why = f": {why}" if why else " (its heartbeat expired, or its job aborted)"
+            why = _read_mark(storage, parse_instant_file(name)).get("reason")  # manual, heartbeat expired, ...
+            why = (f": {why.strip()}" if isinstance(why, str) and why.strip()
+                   else " (its heartbeat expired, or its job aborted)")
             return CommitError(f"instant {instant} was rolled back{why}; its files are gone: write the data again")
     return None
 

@@ -71,14 +71,14 @@ def check_updates(updates: Any, schema: pa.Schema, config: TableConfig) -> dict[
         elif isinstance(value, int) and not isinstance(value, bool) and pa.types.is_decimal(t):
             value = Decimal(value)  # an int64 would need 19 digits before the point
         try:
-            scalar = value if isinstance(value, pa.Scalar) else pa.scalar(value)
-            given_type = scalar.type
-            scalar = scalar.cast(t) if not scalar.type.equals(t) else scalar
+            original = value if isinstance(value, pa.Scalar) else pa.scalar(value)
+            given_type = original.type
+            scalar = original.cast(t) if not original.type.equals(t) else original
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError,
                 OverflowError) as exc:
             raise InvalidOptionError(f"update of column {column!r}: {given!r} is not a value of its type {t} "
                                      f"({str(exc).splitlines()[0]})") from None
-        if _changed_by_cast(value if isinstance(value, pa.Scalar) else pa.scalar(value), scalar):
+        if _changed_by_cast(original, scalar):
             # Arrow's cast of a datetime to a date drops the time of day, as "safe".
             raise InvalidOptionError(f"update of column {column!r}: {given!r} would be stored as "
                                      f"{scalar.as_py()!r} in its type {t}, losing part of it; give a value of "
@@ -160,9 +160,8 @@ def apply_updates(rows: pa.Table, updates: Mapping[str, pa.Scalar | pc.Expressio
         if "Precision is not great enough" in problem:  # `pc.field("price") * 2` on a decimal(10, 2)
             problem += (" (Arrow takes a Python integer as a decimal of 19 digits or more: in an expression over "
                         "a decimal column, give numbers as decimals, pa.scalar(Decimal('2')))")
-        elif "Rescaling Decimal value would cause data loss" in problem and any(  # price * Decimal('1.1')
-                f.name in updates and pa.types.is_decimal(f.type) for f in rows.schema):
-            scales = {f.name: f.type.scale for f in rows.schema if f.name in updates and pa.types.is_decimal(f.type)}
+        elif "Rescaling Decimal value would cause data loss" in problem and (scales := {  # price * Decimal('1.1')
+                f.name: f.type.scale for f in rows.schema if f.name in updates and pa.types.is_decimal(f.type)}):
             problem += (" (a result has more digits after the point than its column holds: round it to the "
                         "column's scale, " + ", ".join(f"{c}: pc.round(..., {n})" for c, n in scales.items()) + ")")
         raise InvalidOptionError(f"an update's new values could not be computed: {problem}") from None
