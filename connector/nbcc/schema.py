@@ -444,9 +444,9 @@ def conform(batch: pa.RecordBatch | pa.Table, schema: pa.Schema) -> pa.Table:
             cols.append(null_array(table.num_rows, f.type))
             continue
         col = table.column(idx)
-        decodable = _without_view_dictionaries(col.type)
-        if not decodable.equals(col.type):
-            col = pc.cast(col, decodable)
+        if pa.types.is_dictionary(col.type) or pa.types.is_nested(col.type):  # flat ones have no dictionary
+            decodable = _without_view_dictionaries(col.type)
+            col = col if decodable.equals(col.type) else pc.cast(col, decodable)
         if _strict_struct_field(f.type) and pa.types.is_struct(col.type):
             col = pa.chunked_array([_settled(c, f.type) for c in col.chunks], type=col.type)
         if not col.type.equals(f.type):
