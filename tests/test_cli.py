@@ -319,7 +319,7 @@ def test_describe_a_table_without_commits(local_table, capsys):
     nbcc.Table.create(uri, SCHEMA, "id")
     code, out, err = run(capsys, "describe", uri)
     assert code == 0, err
-    assert "earliest (no clean ran)" in out and "- (no commit yet)" in out
+    assert "earliest (no clean deleted a commit's changes)" in out and "- (no commit yet)" in out
     assert "0 file groups: 0 base files, 0 log files, 0 bytes" in out  # no partitions to count
 
 

@@ -716,6 +716,47 @@ def test_a_range_needing_the_state_before_an_overwrite_that_opens_the_window_is_
     assert table.read(query_type="incremental", begin=w).num_rows == len(KEYS[::3])
 
 
+@pytest.mark.parametrize("first_write", [{}, {"mode": "overwrite"}])
+def test_a_window_by_hours_that_starts_at_the_first_commit_leaves_every_range_readable(
+        local_table, monkeypatch, first_write):
+    # A window by hours starts at the last data commit older than the hours: here the table's
+    # first, an upsert or an overwrite. No data commit completed before it, so the state before
+    # it is empty and every range, `earliest` included, reads only retained commits (§12.7).
+    from nbcc.clock import format_time, parse_time
+
+    uri, _ = local_table
+    table, ref = new_table(uri), Ref()
+    c0 = completion_of(table, ref.write(table, KEYS, "c0", first_write))
+    c1 = completion_of(table, ref.write(table, KEYS[::2], "c1"))
+    ref.write(table, KEYS[:10], "o2", {"mode": "overwrite", "partition_overwrite_mode": "dynamic"})
+    assert table.compact() is not None
+    ref.write(table, KEYS[::3], "c4")
+    before_c0 = format_time(parse_time(c0) - 1000)
+    ranges = [("earliest", None), (before_c0, None), ("earliest", c1), (before_c0, c0)]
+    fmts = ("latest_state", "cdc")
+
+    def read(begin, end, fmt):
+        kw = {"end": end} if end else {}
+        return sorted(table.read(query_type="incremental", begin=begin, incremental_format=fmt, **kw).to_pylist(),
+                      key=repr)
+
+    before = {(b, e, fmt): read(b, e, fmt) for b, e in ranges for fmt in fmts}
+    # The hours reach back to just before c1: reads as of them see c0's state.
+    monkeypatch.setattr(nbcc.clean, "_now_ms", lambda: parse_time(c1) - 1 + 3_600_000)
+    assert table.clean(retain_hours=1)["earliest_retained"] == c0
+    assert {key: read(*key) for key in before} == before
+    assert rows_of(table.read(query_type="incremental")) == rows_of(table.read())  # every key was written
+    assert table.describe()["earliest_begin"] is None
+    # Once data commits completed before the window, ranges from `earliest` are refused again.
+    c5 = completion_of(table, ref.write(table, KEYS[::5], "c5"))
+    monkeypatch.setattr(nbcc.clean, "_now_ms", lambda: parse_time(c5) + 3_600_000)
+    assert table.clean(retain_hours=1)["earliest_retained"] == c5
+    for fmt in fmts:
+        with pytest.raises(nbcc.InvalidOptionError, match="Use begin >= 2"):
+            table.read(query_type="incremental", begin="earliest", incremental_format=fmt)
+    assert table.describe()["earliest_begin"]["latest_state"] < c5
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_every_range_a_clean_leaves_readable_reads_what_it_read_before_the_clean(local_table, seed):
     # Random histories of upserts, deletes, overwrites (of the table or of one partition),

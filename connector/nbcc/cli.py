@@ -159,7 +159,7 @@ def _size(n: float) -> str:
 
 def _earliest_begin(limits: dict[str, str] | None) -> str:
     if limits is None:
-        return "earliest (no clean ran)"
+        return "earliest (no clean deleted a commit's changes)"
     if limits["cdc"] == limits["latest_state"]:
         return limits["cdc"]
     return f"{limits['latest_state']} (cdc, or a range with an overwrite: {limits['cdc']})"

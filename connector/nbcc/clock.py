@@ -46,6 +46,7 @@ _KEEP_STATES = 8  # older state files are garbage; keep a few for debugging
 _MAX_BACKOFF_S = 0.05
 
 TIME_LEN = 17  # yyyyMMddHHmmssSSS
+BEFORE_ALL = "0" * TIME_LEN  # a time before every instant and completion time
 
 
 def format_time(ms: int) -> str:

@@ -35,7 +35,7 @@ import pyarrow.compute as pc
 
 from . import bloom
 from .buckets import bucket_ids, file_group_id
-from .clock import parse_time_option
+from .clock import BEFORE_ALL, parse_time_option
 from .config import COMMIT_TIME, PARTIAL_UPDATE, TableConfig, _bool_option
 from .errors import InvalidOptionError
 from .expr import Predicate, conjunction, parse_filter
@@ -71,7 +71,6 @@ QUERY_TYPES = (SNAPSHOT, INCREMENTAL, READ_OPTIMIZED)
 LATEST_STATE, CDC = "latest_state", "cdc"
 INCREMENTAL_FORMATS = (LATEST_STATE, CDC)
 EARLIEST = "earliest"
-_BEFORE_ALL = "0" * 17
 
 COMPLETION_TIME_COL = "_nbcc_completion_time"
 PARTITION_COL = "_nbcc_partition"
@@ -462,7 +461,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
     latest = timeline.latest_completion()
     if latest is None:
         raise InvalidOptionError("incremental read: the table has no completed commits yet")
-    begin = options.begin or _BEFORE_ALL
+    begin = options.begin or BEFORE_ALL
     # An end past the latest completion is read as the latest completion: every commit that
     # completes later gets a later completion time, so the range read is final and a consumer
     # that resumes from `plan.end` never misses one. A range given in full that begins after
@@ -493,7 +492,7 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
             )
     # The state at begin is needed only for cdc and after an overwrite in the range.
     begin_view = (table_view(storage, config, timeline, begin, index)
-                  if begin != _BEFORE_ALL and (options.is_cdc or reset) else None)
+                  if begin != BEFORE_ALL and (options.is_cdc or reset) else None)
     plan = ScanPlan(options, config, end_view.schema, output_schema(config, end_view.schema, options),
                     completion={i.instant: i.completion for i in end_view.completed},
                     change_completion={i.instant: i.completion for i in in_range}, end=end,

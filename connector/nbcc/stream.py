@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterable
 
 import pyarrow as pa
 
-from .clock import format_time, parse_time_option
+from .clock import BEFORE_ALL, format_time, parse_time_option
 from .commit import WriteTransaction
 from .errors import CommitError, InvalidOptionError, LockLostError, StorageError
 from .heartbeat import beat, remove as remove_heartbeat
@@ -88,7 +88,6 @@ QUERIES_DIR = f"{STREAMS_DIR}/_queries"  # the stream id each query writes under
 KEEP_CLAIMS = 100  # batches whose claims are kept; an engine replays only its latest batch
 _MAX_CLAIM_ROUNDS = 50
 _STREAM_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-BEFORE_ALL = "0" * 17  # the offset before every commit
 LATEST = "latest"
 
 
@@ -462,6 +461,8 @@ def plan_range(storage: Storage, config: Any, start: str, end: str, include_meta
             raise
         # The stream's own offsets, not the as_of or begin the user never gave, and what to do.
         first = earliest_begin(timeline, retained, needs_begin_state=True)  # a begin that serves any range
+        if first == BEFORE_ALL:  # nothing completed before the window: it is not why
+            raise
         lost = state_lost_at(timeline, retained, start) if start != BEFORE_ALL else None
         if lost:  # no commit of the range is missing: the state at its begin is (cdc, or an overwrite)
             why = (f"needs the table's state at {start} ("

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .clock import TimeGenerator, parse_time_option
+from .clock import BEFORE_ALL, TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
@@ -64,7 +64,7 @@ from .inputs import Data, as_arrow, as_batches
 from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .partitions import PartitionMatch, matching, partition_values
-from .scan import ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
+from .scan import EARLIEST, ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
 from .schema import evolve_schema, widened_columns
 from .update import apply_updates, check_updates, describe_updates
 from .storage import Storage
@@ -838,10 +838,9 @@ class Table:
             "oldest_as_of": oldest_readable(self.storage, timeline),
             "savepoints": savepoint_times(self.storage),
             # an incremental begin may not be older (format.md §12.7); None: any begin, as no
-            # clean ran. "cdc": for reads that need the state at begin (cdc, an overwrite in range)
-            "earliest_begin": (None if window is None or not data else
-                               {"latest_state": earliest_begin(timeline, window, False),
-                                "cdc": earliest_begin(timeline, window, True)}),
+            # clean deleted a commit's changes. "cdc": for reads that need the state at begin
+            # (cdc, an overwrite in the range)
+            "earliest_begin": _earliest_begins(timeline, window) if data else None,
             "snapshot_read": {"partitions": len({t.partition for t in plan.tasks}), "file_groups": len(plan.tasks),
                               "base_files": len(files) - logs, "log_files": logs,
                               "bytes": sum(t.bytes for t in plan.tasks)},
@@ -852,6 +851,16 @@ class Table:
         c = self.config
         return (f"Table({self.uri!r}, record_key={list(c.record_key)}, ordering_field={c.ordering_field!r}, "
                 f"partition_by={list(c.partition_by)}, buckets={c.buckets}, merge_mode={c.merge_mode!r})")
+
+
+def _earliest_begins(timeline: Timeline, window: str | None) -> dict[str, str] | None:
+    """describe's earliest incremental begins, for latest_state and for reads that need the
+    state at begin; None when any begin is read, as no clean left a data commit before its window."""
+    begins = {"latest_state": earliest_begin(timeline, window, False), "cdc": earliest_begin(timeline, window, True)} \
+        if window is not None else {}
+    if all(b == BEFORE_ALL for b in begins.values()):
+        return None
+    return {read: EARLIEST if b == BEFORE_ALL else b for read, b in begins.items()}
 
 
 def _partition_paths(storage: Storage, view: TableView) -> list[str]:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import pyarrow as pa
 
+from .clock import BEFORE_ALL
 from .config import TableConfig
 from .errors import InvalidOptionError
 from .file_slices import FileSlice, build_file_slices
@@ -317,13 +318,17 @@ def earliest_begin(timeline: Timeline, window: str, needs_begin_state: bool) -> 
     (cdc, or an overwrite in the range) also needs that state to be the one at `window` without
     its commit: no compaction may have completed in between, and the commit at `window` must
     not be an overwrite (it hid the older files). The range then holds the oldest retained
-    commit, which no range beginning at `window` can."""
+    commit, which no range beginning at `window` can. BEFORE_ALL (any begin, `earliest` too)
+    when nothing completed before `window`, as when a window by hours starts at the first
+    commit: the state before it is empty, and every commit is retained."""
     done = timeline.completed()
-    if needs_begin_state and any(i.completion == window and i.action in OVERWRITES for i in done):
-        return window
     blocking = [i for i in done if i.completion < window
                 and (i.action not in (CLEAN, INDEXING) if needs_begin_state else i.action in DATA_ACTIONS)]
-    return max((i.completion for i in blocking), default=window)
+    if not blocking:
+        return BEFORE_ALL
+    if needs_begin_state and any(i.completion == window and i.action in OVERWRITES for i in done):
+        return window
+    return max(i.completion for i in blocking)
 
 
 def state_lost_at(timeline: Timeline, window: str, begin: str) -> str | None:
