@@ -6,7 +6,8 @@
 
 Job settings: spark.nbcc.path (required), spark.nbcc.instant (re-run a scheduled compaction, e.g.
 after a crash), spark.nbcc.schedule_only (true: only schedule); spark.nbcc.storage.* are S3
-options. Compactions left pending by a crashed run are finished first. The write options and
+options. Compactions scheduled earlier (by writes' compaction_delta_commits, or left pending by a
+crashed run) are finished first. The write options and
 examples/ingest.py's settings that a shared properties file may set (record_key, buckets, ...,
 input, mode) are ignored; any other spark.nbcc.* name fails the job, as a likely typo.
 """
@@ -54,12 +55,7 @@ def job_settings(options: dict[str, str]) -> tuple[str, str | None, bool, dict[s
 def main() -> None:
     spark = SparkSession.builder.appName("nbcc-compact").getOrCreate()
     path, instant, schedule_only, storage = job_settings(options_from_conf(spark))
-    try:
-        if instant is None and not schedule_only:
-            table = nbcc.Table.open(path, {k[len("storage."):]: v for k, v in storage.items()})
-            for pending in table.pending_compactions():
-                print(f"finishing compaction {pending}, left pending by an earlier run")
-                compact(spark, path, instant=pending, **storage)
+    try:  # finishes the compactions scheduled earlier first (by writes, or left by a crashed run)
         done = compact(spark, path, instant=instant, schedule_only=schedule_only, **storage)
     except nbcc.NbccError as exc:
         sys.exit(f"compaction of {path} failed: {exc}")

@@ -29,7 +29,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 def spark_writer(spark: SparkSession, uri: str, errors: list) -> None:
     """Keys 0..5999, three commits, event time 10, 20, 30."""
     try:
-        set_active_session(spark)  # Spark looks data sources up per thread
+        set_active_session(spark)  # some pyspark releases look data sources up per thread
         for ts in (10, 20, 30):
             df = (spark.range(0, 6000).withColumnRenamed("id", "order_id")
                   .withColumn("status", F.lit(f"spark@{ts}"))

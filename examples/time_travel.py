@@ -53,7 +53,8 @@ def main() -> None:
          read().option("query_type", "incremental").option("begin", first).load(uri))
     show("cdc: the same changes, before and after",
          read().option("query_type", "incremental").option("begin", first).option("incremental_format", "cdc")
-         .load(uri).select("id", "_change_type", "before.balance", "after.balance", "_nbcc_completion_time"))
+         .load(uri).selectExpr("id", "_change_type", "before.balance AS balance_before", "after.balance AS balance_after",
+                     "_nbcc_completion_time"))
     show("read_optimized: base files only (the last commit is not compacted yet)",
          read().option("query_type", "read_optimized").load(uri))
     show("meta columns", read().option("include_meta_columns", "true").load(uri)

@@ -210,7 +210,7 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     # Who completed each commit: this process's user and machine.
     import getpass
     import socket
-    assert {(c.user, c.host) for c in history if c.action != "indexing"} == {(getpass.getuser(), socket.gethostname())}
+    assert {(c.user, c.host) for c in history} == {(getpass.getuser(), socket.gethostname())}
     assert (clean.action, clean.rows, clean.bytes, clean.files) == ("clean", None, None, deleted) and deleted > 0
     assert table.history(limit=2) == history[:2]
     with pytest.raises(nbcc.InvalidOptionError, match="limit must be a whole number of commits, 1 or more; got 0"):
@@ -244,6 +244,20 @@ def test_history_says_what_each_commit_did_latest_first(local_table, capsys):
     flat, _ = make_table(uri + "-flat", commits=1, partitioned=False)
     code, out, _ = run(capsys, "history", flat.uri)
     assert out.splitlines()[1].split()[7] == "-"
+
+
+def test_history_names_who_built_an_index(local_table, capsys):
+    import getpass
+    import socket
+
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=1)
+    table.build_index("files")
+    [built] = [c for c in table.history() if c.action == "indexing"]
+    assert (built.user, built.host) == (getpass.getuser(), socket.gethostname())
+    code, out, _ = run(capsys, "history", uri)
+    assert code == 0 and f"{getpass.getuser()}@{socket.gethostname()}" in \
+        next(line for line in out.splitlines() if " indexing " in line)
 
 
 def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what_a_read_opens(local_table, capsys,

@@ -824,6 +824,19 @@ def test_python_filter_on_a_column_added_after_the_time_read_is_a_clear_error(tm
         table.read(as_of=first, filter=pc.field("e").is_null())
 
 
+def test_python_filter_with_decimal_arithmetic_pyarrow_cannot_do_says_how_to_write_it(tmp_path):
+    from decimal import Decimal
+
+    schema = pa.schema([("id", pa.int64()), ("price", pa.decimal128(10, 2)), ("qty", pa.int32())])
+    table = nbcc.Table.create(str(tmp_path / "t"), schema, "id")
+    table.write(pa.table({"id": [1, 2], "price": [Decimal("10.50"), Decimal("99.99")], "qty": [5, 20]}, schema=schema))
+    with pytest.raises(nbcc.InvalidOptionError, match=r"Precision is not great enough.*cast the decimal column first "
+                                                      r"\(pc.field\(...\).cast\(pa.float64\(\)\)\)"):
+        table.read(filter=pc.field("price") * pc.field("qty") > 100)
+    # What the message suggests reads the row whose total is over 100.
+    assert table.read(filter=pc.field("price").cast(pa.float64()) * pc.field("qty") > 100)["id"].to_pylist() == [2]
+
+
 @pytest.mark.parametrize("spec, words", [
     ([("nope", "=", 1)], ["nope", "not in the table"]),
     ([("i", "~", 1)], ["'~'", "unknown"]),

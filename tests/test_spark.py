@@ -64,6 +64,27 @@ def test_upsert_and_delete_round_trip(spark, any_table):
     assert all(i.completion > i.instant for i in commits)
 
 
+def test_a_thread_the_job_starts_writes_and_reads_without_set_active_session(spark, local_table):
+    # README "Writing from threads": the thread has no active session of its own.
+    import threading
+
+    uri, _ = local_table
+    done: list = []
+
+    def job() -> None:
+        try:
+            spark.createDataFrame([(1, 10), (2, 20)], "id long, v long").write.format("nbcc").mode("append") \
+                .option("record_key", "id").save(uri)
+            done.append(sorted(tuple(r) for r in spark.read.format("nbcc").load(uri).collect()))
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            done.append(exc)
+
+    thread = threading.Thread(target=job)
+    thread.start()
+    thread.join()
+    assert done == [[(1, 10), (2, 20)]]
+
+
 def test_schema_seen_by_spark_is_the_tables(spark, local_table):
     uri, _ = local_table
     df = spark.createDataFrame(_rows(range(3), "a", seq=1), SCHEMA)

@@ -1256,6 +1256,27 @@ def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeo
     assert len(runs) == 2 and table.pending_compactions() == [tc]
     assert snapshot(table) == ref.expected()
 
+def test_compact_finishes_the_compactions_writes_scheduled_then_compacts_what_is_left(tmp_path):
+    # compaction_delta_commits without compaction_inline only schedules: executing is the
+    # compaction job's, and table.compact() is one.
+    table, ref = table_with_rows(str(tmp_path / "t"))
+    ref.write(table, KEYS[:10], "c1", {"compaction_delta_commits": 2})
+    [scheduled] = table.pending_compactions()
+    ref.write(table, KEYS[::4], "c2")  # after the plan: compacted by a new compaction
+    assert table.compact() != scheduled
+    assert table.pending_compactions() == []
+    done = [i.instant for i in table.timeline() if i.action == "commit" and i.state == "completed"]
+    assert done[0] == scheduled and len(done) == 2
+    assert all(s.base_file and not s.log_files for s in table.file_slices())
+    assert snapshot(table) == ref.expected()
+    # Nothing new to plan: what compact returns is the scheduled one it finished.
+    ref.write(table, KEYS[:10], "c3", {"compaction_delta_commits": 1})
+    [scheduled] = table.pending_compactions()
+    assert table.compact() == scheduled and table.pending_compactions() == []
+    assert table.compact() is None
+    assert snapshot(table) == ref.expected()
+
+
 def test_a_scheduling_only_writer_says_when_a_compaction_stays_pending(tmp_path, caplog):
     table, ref = table_with_rows(str(tmp_path / "t"))
     left = table.schedule_compaction()

@@ -332,9 +332,9 @@ def cmd_compact(args: argparse.Namespace) -> int:
     pending = table.pending_compactions()
     if pending:
         many = len(pending) > 1
-        _note(f"{len(pending)} pending compaction{'s' if many else ''} (scheduled, not completed: an earlier run "
-              f"crashed, or another process is running {'them' if many else 'it'}): {', '.join(pending)}; "
-              f"finishing {'them' if many else 'it'} first")
+        _note(f"{len(pending)} pending compaction{'s' if many else ''} (scheduled by a write's "
+              "compaction_delta_commits or --schedule-only, or left by a run that crashed or is still running): "
+              f"{', '.join(pending)}; finishing {'them' if many else 'it'} first")
         for tc in pending:
             ran.append(_run_and_tell(table, args, tc, say, was_pending=True, told="pending compaction"))
     tc = table.schedule_compaction()
@@ -740,7 +740,9 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Show the table's settings (record key, ordering field, merge mode, partition "
                                    "columns, buckets, lock lease, heartbeat timeout), its columns now, its instants "
                                    "counted by action and state, its latest commit and pending compactions, the "
-                                   "oldest as_of and earliest incremental begin that reads may use, what a "
+                                   "writes in flight (with how long since each one's last heartbeat), the "
+                                   "oldest as_of and earliest incremental begin that reads may use, the "
+                                   "savepoints, what a "
                                    "snapshot read opens (file groups, base and log files, bytes) and the metadata "
                                    "table's partitions.")
     p.add_argument("--json", action="store_true", help="print a JSON object instead")
@@ -749,7 +751,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("timeline", parents=[common], help="list the instants, oldest first",
                        description="List every instant (archived ones too), oldest first: instant, action, "
                                    "operation (upsert, delete, overwrite, delete_partition, compact, clean, ...; "
-                                   "'-' if not completed), state and completion time ('-' if not completed).")
+                                   "'-' if not completed), state, completion time ('-' if not completed) and a note: "
+                                   "when and why a write was rolled back.")
     p.add_argument("--json", action="store_true", help="print a JSON list instead")
     p.set_defaults(func=cmd_timeline)
 

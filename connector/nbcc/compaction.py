@@ -253,7 +253,7 @@ def _compact_inline(storage: Storage, config: TableConfig, clock: TimeGenerator,
         abandoned = abandoned_compactions(storage, pending, config.heartbeat_timeout_s)
         if abandoned and not inline and since % every == 0:
             logger.warning("compaction %s is pending and nothing has executed it for %d delta commits; "
-                           "`nbcc compact %s` finishes it", abandoned[0], since, storage.uri)
+                           "`nbcc compact %s` finishes it (so do table.compact() and pyspark_nbcc.compact)", abandoned[0], since, storage.uri)
         if not inline or len(abandoned) < len(pending):
             return None
         for tc in abandoned:

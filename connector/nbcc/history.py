@@ -71,7 +71,7 @@ def _commit_info(instant: str, completion: str, action: str, meta: dict[str, Any
         return CommitInfo(instant, completion, action, CLEAN, None, len(deleted), None,
                           tuple(sorted({partition for partition, _ in deleted} - {""})), **who, parameters=parameters)
     if action == INDEXING:
-        return CommitInfo(instant, completion, action, INDEXING, None, 0, None, (),
+        return CommitInfo(instant, completion, action, INDEXING, None, 0, None, (), **who,
                           parameters={"built": list(meta.get("ready", []))})
     files = meta.get("files", [])
     partitions = {f["partition"] for f in files}.union(meta.get("replaced_partitions", [])) - {""}  # "": none

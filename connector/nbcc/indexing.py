@@ -57,6 +57,7 @@ from .timeline import (
     ROLLEDBACK,
     TIMELINE_DIR,
     Timeline,
+    committed_by,
     create_completed,
     read_commit_metadata,
     read_timeline_file,
@@ -240,7 +241,7 @@ def complete(storage: Storage, clock: TimeGenerator, ti: str, plan: dict[str, An
             ready = [k for k in plan["partitions"] if states.get(k) == BUILDING]  # not dropped since
             write_states(storage, grant, {**states, **{k: READY for k in ready}})
             meta = {"instant": ti, "action": INDEXING, "partitions": plan["partitions"],
-                    "base_instant": plan.get("base_instant"), "ready": ready, "files": []}
+                    "base_instant": plan.get("base_instant"), "ready": ready, "files": [], **committed_by()}
             create_completed(storage, ti, grant, INDEXING, meta)
     if cancelled:
         _stop_cancelled(storage, ti)

@@ -633,8 +633,11 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
             try:
                 merged = merged.filter(expr)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                hint = ("; pyarrow's decimal arithmetic cannot widen past the result's precision here: cast "
+                        "the decimal column first (pc.field(...).cast(pa.float64())), or compare with a "
+                        "decimal scalar of the result's type" if "Precision is not great enough" in str(exc) else "")
                 raise InvalidOptionError(f"the filter cannot be applied to the rows read (columns "
-                                         f"{merged.column_names}): {exc}") from None
+                                         f"{merged.column_names}): {exc}{hint}") from None
         yield merged.select(plan.output_schema.names).cast(plan.output_schema)
 
 

@@ -593,11 +593,18 @@ class Table:
         return archive(self.storage, retain_commits)
 
     def compact(self, progress: Callable[[int, int], None] | None = None) -> str | None:
-        """Schedule and execute a compaction; its instant, or None if there was nothing to do."""
-        tc = self.schedule_compaction()
+        """Finish the compactions scheduled earlier (by a write's compaction_delta_commits, by
+        schedule_compaction, or left by a run that crashed), oldest first, then schedule and
+        execute a new one; the instant of the last compaction run, or None if there was nothing
+        to compact. `progress(done, total)` is called per file group of each."""
+        last = None
+        for tc in self.pending_compactions():
+            self.run_compaction(tc, progress)
+            last = tc
+        tc = self.schedule_compaction()  # after those: their file groups' newer logs are planned too
         if tc is not None:
             self.run_compaction(tc, progress)
-        return tc
+        return tc or last
 
     # -- the metadata table ------------------------------------------------------------------
 

@@ -26,9 +26,10 @@ _BUCKET_COL = "_nbcc_bucket"
 def set_active_session(spark: SparkSession) -> None:
     """Make `spark` the JVM's active session in the calling thread.
 
-    Spark finds Python data sources through the JVM's active session, which is per thread; in a
-    thread started by the job (threading.Thread), `format("nbcc")` then fails with
-    DATA_SOURCE_NOT_FOUND. Call this first in such a thread. (Measured with pyspark 4.3.)"""
+    Spark finds Python data sources through the JVM's active session, which is per thread. pyspark
+    4.3 falls back to the default session in a thread started by the job (threading.Thread); where
+    a release does not, `format("nbcc")` fails there with DATA_SOURCE_NOT_FOUND: call this first
+    in such a thread."""
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
 
 
@@ -80,14 +81,16 @@ def repartition_by_bucket(df: DataFrame, *, record_key: str | Sequence[str] | No
 
 def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedule_only: bool = False,
             **options: Any) -> str | None:
-    """Compact the table at `uri` on Spark, one task per file group; returns the compaction
-    instant (None if there was nothing to compact).
+    """Compact the table at `uri` on Spark, one task per file group, as `Table.compact` does in
+    one process: finish the compactions scheduled earlier (by a write's compaction_delta_commits,
+    by schedule_only, or left by a run that crashed), oldest first, then schedule and run a new
+    one. Returns the instant of the last compaction run (None if there was nothing to compact).
 
-    Schedules a compaction on the driver (under the table lock), or re-runs the scheduled one
-    `instant` (e.g. after a crash); each task merges one file group into a base file with a token
-    of its own (a run id, the task index and its attempt number), and the driver completes the
-    instant (returned at once if it is completed already). `options` are `storage.*` options (as
-    for reads and writes)."""
+    `schedule_only=True` only schedules one (on the driver, under the table lock) and returns its
+    instant; `instant=tc` runs (or finishes) that one alone, and returns it at once if it is
+    completed already. Each task merges one file group into a base file with a token of its own
+    (a run id, the task index and its attempt number), and the driver completes the instant.
+    `options` are `storage.*` options (as for reads and writes)."""
     if instant is not None and schedule_only:
         raise InvalidOptionError("give instant (run a scheduled compaction) or schedule_only=True (schedule "
                                  "a new one), not both")
@@ -95,13 +98,18 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
     table = Table.open(uri, storage_options)
     if instant is not None:
         inst = compaction_to_run(table.storage, instant)
-        if inst.is_completed:
-            return inst.instant
-        tc = inst.instant
-    else:
-        tc = table.schedule_compaction()
-        if tc is None or schedule_only:
-            return tc
+        return inst.instant if inst.is_completed else _run_on_spark(spark, table, inst.instant)
+    if schedule_only:
+        return table.schedule_compaction()
+    last = None
+    for tc in table.pending_compactions():
+        last = _run_on_spark(spark, table, tc)
+    tc = table.schedule_compaction()  # after those: their file groups' newer logs are planned too
+    return _run_on_spark(spark, table, tc) if tc is not None else last
+
+
+def _run_on_spark(spark: SparkSession, table: Table, tc: str) -> str:
+    """Execute scheduled compaction `tc`, one Spark task per file group; `tc`."""
     operations = read_compaction_plan(table.storage, tc)["operations"]
     storage, config, run_id = table.storage, table.config, random.randrange(2**31)
 
