@@ -451,6 +451,33 @@ def test_compact_schedule_only_says_when_a_compaction_is_pending(local_table, ca
     assert code == 0 and out.strip() == "nothing to compact"
 
 
+def test_compact_runs_a_compaction_another_process_scheduled_while_it_ran(local_table, capsys, monkeypatch):
+    # A writer with compaction_delta_commits schedules one between the run finishing the pending
+    # compaction and scheduling its own, which then finds nothing new: the run executes the
+    # writer's, and does not say "nothing to compact" while it is pending.
+    import nbcc.compaction
+
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    left = table.schedule_compaction()
+    table.write(batch(range(8), 7))
+    real, theirs = nbcc.compaction.schedule_compaction, []
+
+    def writer_schedules_first(*args):
+        if not theirs:
+            theirs.append(real(*args))  # the writer's, just before ours
+        return real(*args)
+
+    monkeypatch.setattr(nbcc.compaction, "schedule_compaction", writer_schedules_first)
+    code, out, err = run(capsys, "compact", uri, "--json", "-q")
+    assert code == 0 and theirs[0] is not None
+    assert [(c["instant"], c["ran"], c["was_pending"]) for c in json.loads(out)["compactions"]] == [
+        (left, True, True), (theirs[0], True, True)]
+    assert f"compaction {theirs[0]} is pending" in err
+    assert table.pending_compactions() == [] and all(not s.log_files for s in table.file_slices())
+    assert snapshot(table) == batch(range(8), 7).to_pylist()
+
+
 def test_compact_clean_and_archive_print_json_for_schedulers(local_table, capsys):
     uri, _ = local_table
     table, _ = make_table(uri, commits=3)
@@ -939,7 +966,10 @@ def test_savepoint_keeps_a_state_through_cleans_until_delete_savepoint(local_tab
     kept = completion_of(table, written[-1])
     expected = snapshot(table)
     code, out, err = run(capsys, "savepoint", uri, "--user-metadata", "month end")
-    assert (code, err) == (0, "") and out.startswith(f"savepoint {kept}: ") and f"delete-savepoint {uri} {kept}" in out
+    assert (code, out) == (0, f"{kept}\n") and f"delete-savepoint {uri} {kept}" in err  # the time alone, for scripts
+    code, out, err = run(capsys, "savepoint", uri, "--json")  # the same state: the same savepoint
+    assert code == 0 and {k: json.loads(out)[k] for k in ("as_of", "confirmed", "user_metadata")} == {
+        "as_of": kept, "confirmed": True, "user_metadata": "month end"}
     code, out, err = run(capsys, "savepoint", uri, "--as-of", written[0])  # before the first completion
     assert code == 1 and "no commit had completed by then" in err
     for v in range(2, 5):

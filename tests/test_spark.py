@@ -85,6 +85,18 @@ def test_a_thread_the_job_starts_writes_and_reads_without_set_active_session(spa
     assert done == [[(1, 10), (2, 20)]]
 
 
+def test_a_first_write_with_the_delete_flag_creates_the_table_without_it(spark, local_table):
+    # A table loaded from a change feed: its first batch already flags deleted keys (Hudi's
+    # _hoodie_is_deleted). The flag is not a column of the table.
+    uri, _ = local_table
+    feed = spark.createDataFrame([(1, 10, False), (2, 20, True), (3, 30, None)], "id long, ts long, _nbcc_is_deleted boolean")
+    feed.write.format("nbcc").mode("append").option("record_key", "id").option("ordering_field", "ts").save(uri)
+    assert nbcc.Table.open(uri).schema().names == ["id", "ts"]
+    assert sorted(tuple(r) for r in spark.read.format("nbcc").load(uri).collect()) == [(1, 10), (3, 30)]
+    with pytest.raises(nbcc.SchemaError, match="'_nbcc_is_deleted' is not a column a table holds: leave it out"):
+        nbcc.Table.create(uri + "-2", pa.schema([("id", pa.int64()), ("_nbcc_is_deleted", pa.bool_())]), "id")
+
+
 def test_schema_seen_by_spark_is_the_tables(spark, local_table):
     uri, _ = local_table
     df = spark.createDataFrame(_rows(range(3), "a", seq=1), SCHEMA)
@@ -200,6 +212,8 @@ def test_replace_where_replaces_the_matching_partitions_and_every_row_must_match
     assert [i.state for i in nbcc.Table.open(uri).timeline()] == [i.state for i in timeline] + ["rolledback"]
     with pytest.raises(Exception, match="replaceWhere goes with mode overwrite"):
         new.write.format("nbcc").mode("append").option("replaceWhere", "day = 'd1'").save(uri)
+    with pytest.raises(Exception, match="partitionOverwriteMode=dynamic goes with mode overwrite"):
+        new.write.format("nbcc").mode("append").option("partitionOverwriteMode", "dynamic").save(uri)
     with pytest.raises(Exception, match=r"filter column\(s\) \['v'\] are not partition columns"):
         new.write.format("nbcc").mode("overwrite").option("replaceWhere", "v = 'n'").save(uri)
     assert len(nbcc.Table.open(uri).timeline()) == len(timeline) + 1

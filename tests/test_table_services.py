@@ -1233,6 +1233,27 @@ def test_inline_compaction_finishes_a_compaction_that_nothing_executes(tmp_path,
 
 
 
+def test_inline_compaction_runs_a_compaction_nobody_started_without_waiting_for_the_heartbeat_timeout(
+        tmp_path, monkeypatch):
+    # One scheduled by `nbcc compact --schedule-only` (or a writer that only schedules) has no
+    # execution: inline writers leave it only for the moment its scheduler needs to start one,
+    # not for heartbeat_timeout_s (300 s here), while log files pile up.
+    from nbcc.clock import parse_time
+
+    table, ref = table_with_rows(str(tmp_path / "t"), heartbeat_timeout_s=300)
+    left = table.schedule_compaction()
+    inline = {"compaction_delta_commits": 1, "compaction_inline": True}
+    monkeypatch.setattr(nbcc.heartbeat, "_now_ms", lambda: parse_time(left) + 2_000)
+    ref.write(table, KEYS[:10], "c1", inline)  # its scheduler may be starting it
+    assert table.pending_compactions() == [left]
+    monkeypatch.setattr(nbcc.heartbeat, "_now_ms", lambda: parse_time(left) + 11_000)
+    ref.write(table, KEYS[10:20], "c2", inline)
+    done = [i.instant for i in table.timeline() if i.action == "commit" and i.state == "completed"]
+    assert table.pending_compactions() == [] and done[0] == left and len(done) == 2  # then a new one
+    assert all(s.log_files == [] for s in table.file_slices())
+    assert snapshot(table) == ref.expected()
+
+
 def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeout(tmp_path, monkeypatch):
     # Its failed execution leaves its heartbeat: inline writers do not run it again after every
     # commit, only once nothing has beaten for heartbeat_timeout_s.

@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS, check_retention
 from .clock import parse_time, parse_time_option
-from .compaction import compaction_to_run
+from .compaction import compaction_to_run, compactions_to_run
 from .conditions import parse_assignment, parse_conditions, typed_condition, typed_value, with_column_as_spelled
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
@@ -329,19 +329,14 @@ def cmd_compact(args: argparse.Namespace) -> int:
         else:  # scheduled earlier (--schedule-only, or a run that stopped): pending until this run
             ran.append(_run_and_tell(table, args, tc, say, was_pending=True, told="compaction"))
         return _print_json({"compactions": ran}) if args.json else 0
-    pending = table.pending_compactions()
-    if pending:
-        many = len(pending) > 1
-        _note(f"{len(pending)} pending compaction{'s' if many else ''} (scheduled by a write's "
-              "compaction_delta_commits or --schedule-only, or left by a run that crashed or is still running): "
-              f"{', '.join(pending)}; finishing {'them' if many else 'it'} first")
-        for tc in pending:
-            ran.append(_run_and_tell(table, args, tc, say, was_pending=True, told="pending compaction"))
-    tc = table.schedule_compaction()
-    if tc is None:
+    for tc, earlier in compactions_to_run(table.storage, table.config, table.clock):
+        if earlier:
+            _note(f"compaction {tc} is pending (scheduled by a write's compaction_delta_commits or --schedule-only, "
+                  "or left by a run that crashed or is still running); finishing it")
+        ran.append(_run_and_tell(table, args, tc, say, was_pending=earlier,
+                                 told="pending compaction" if earlier else "compaction"))
+    if not ran:
         say("nothing to compact")
-    else:
-        ran.append(_run_and_tell(table, args, tc, say, was_pending=False, told="compaction"))
     return _print_json({"compactions": ran}) if args.json else 0
 
 
@@ -492,8 +487,12 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def cmd_savepoint(args: argparse.Namespace) -> int:
     table = _open(args)
     state = table.savepoint(args.as_of, user_metadata=args.user_metadata)
-    print(f"savepoint {state}: the state as of {state} stays readable (as_of, restore) whatever the "
-          f"cleaner's window, until `{PROG} delete-savepoint {table.uri} {state}`")
+    if args.json:
+        return _print_json(next(k for k in table.savepoints() if k["as_of"] == state))
+    # The time alone on stdout, for a script to pass on (SP=$(nbcc savepoint ...)).
+    _note(f"the state as of {state} stays readable (as_of, restore) whatever the cleaner's window, "
+          f"until `{PROG} delete-savepoint {table.uri} {state}`")
+    print(state)
     return 0
 
 
@@ -843,10 +842,12 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Keep the table's state as of a time (default: now) readable with as_of and "
                                    "restore until the savepoint is deleted, whatever the cleaner's window "
                                    "(Hudi's savepoints, Iceberg's tags): cleans keep its files. A state before "
-                                   "the cleaner's window is refused. Prints the savepoint's time.")
+                                   "the cleaner's window is refused. Prints the savepoint's time (what to give "
+                                   "as_of and delete-savepoint).")
     p.add_argument("--as-of", metavar="T", type=_time, help="the state to keep (instant time or ISO-8601); "
                                                              "default: the latest")
     p.add_argument("--user-metadata", metavar="TEXT", help="why it is kept (shown by savepoints)")
+    p.add_argument("--json", action="store_true", help="print the savepoint as `savepoints --json` lists it")
     p.set_defaults(func=cmd_savepoint)
 
     p = sub.add_parser("savepoints", parents=[common], help="list the savepoints",

@@ -17,15 +17,16 @@ import json
 import logging
 import os
 import random
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import pyarrow.compute as pc
 
-from .clock import TimeGenerator, parse_time_option
+from .clock import TimeGenerator, parse_time, parse_time_option
 from .config import TableConfig
 from .errors import CommitError, DataFileError, InvalidOptionError
 from .filenames import base_file_name, data_file_path, make_token
-from .heartbeat import Heartbeat, idle_ms, interval_s
+from . import heartbeat
+from .heartbeat import Heartbeat, interval_s
 from .merge import one_row_per_key
 from .metadata_table import index_commit
 from .reader import iter_files
@@ -208,10 +209,48 @@ def compaction_heartbeat(storage: Storage, config: TableConfig, tc: str) -> Hear
     return Heartbeat(storage, tc, interval_s(config.heartbeat_timeout_s), keep_if_failed=True)
 
 
+# From scheduling a compaction to the first heartbeat of its execution, for whoever executes the
+# compactions it schedules: one storage call, as the heartbeat starts with a beat.
+UNSTARTED_GRACE_S = 10.0
+
+
 def abandoned_compactions(storage: Storage, pending: list[str], timeout_s: float) -> list[str]:
-    """The compactions among `pending` that nothing executes: no heartbeat (nor, without one,
-    their scheduling) within `timeout_s`. Their execution died, or none was started."""
-    return [tc for tc in pending if idle_ms(storage, tc) > timeout_s * 1000]
+    """The compactions among `pending` that nothing executes: an execution's heartbeat older
+    than `timeout_s` (it died, or it failed and kept its heartbeat, so that a failing
+    compaction is tried again once per timeout), or no execution started within
+    UNSTARTED_GRACE_S (at most `timeout_s`) of its scheduling: one scheduled by
+    `--schedule-only` or by a writer that only schedules, which is anyone's to execute."""
+    now = heartbeat._now_ms()
+
+    def abandoned(tc: str) -> bool:
+        beat = heartbeat.last_beat_ms(storage, tc)
+        if beat is None:
+            return now - parse_time(tc) > min(timeout_s, UNSTARTED_GRACE_S) * 1000
+        return now - beat > timeout_s * 1000
+
+    return [tc for tc in pending if abandoned(tc)]
+
+
+def pending_compactions(storage: Storage) -> list[str]:
+    """Compactions scheduled and not completed, oldest first."""
+    return [i.instant for i in Timeline.load(storage).pending() if i.action == COMPACTION]
+
+
+def compactions_to_run(storage: Storage, config: TableConfig, clock: TimeGenerator) -> Iterator[tuple[str, bool]]:
+    """What a compaction job (`Table.compact`, `pyspark_nbcc.compact`, `nbcc compact`) runs, in
+    order, as (instant, scheduled earlier): the compactions scheduled earlier, oldest first,
+    then one it schedules for what is left; or, when another process scheduled that meanwhile
+    (a writer's compaction_delta_commits), the compactions it scheduled."""
+    earlier = pending_compactions(storage)
+    for tc in earlier:
+        yield tc, True
+    tc = schedule_compaction(storage, config, clock)  # after those: their groups' newer logs too
+    if tc is not None:
+        yield tc, False
+        return
+    for tc in pending_compactions(storage):
+        if tc not in earlier:
+            yield tc, True
 
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from .errors import InvalidOptionError, NbccError, SchemaError, TableConfigError
-from .schema import META_PREFIX, check_column, check_names, is_reserved, plain_type, schema_from_json, schema_to_json
+from .schema import IS_DELETED_COL, META_PREFIX, check_column, check_names, is_reserved, plain_type, schema_from_json, schema_to_json
 
 FORMAT_VERSION = 1  # what a table is created with
 # Version 2 is version 1 plus the action `replacepartitions` (format.md §3, §8). A table's first
@@ -79,8 +79,12 @@ def check_write_operation(operation: str, overwrite: bool) -> None:
         raise InvalidOptionError(f"operation={operation} cannot be combined with overwrite mode; give mode append")
 
 
-def check_replace_where(replace_where: Any, overwrite: bool, partition_overwrite_mode: str) -> None:
-    """replaceWhere goes with mode overwrite, and is its own partition overwrite mode."""
+def check_overwrite_options(replace_where: Any, overwrite: bool, partition_overwrite_mode: str) -> None:
+    """replaceWhere and partitionOverwriteMode=dynamic go with mode overwrite (an append that
+    names them most likely forgot it), and replaceWhere is its own partition overwrite mode."""
+    if partition_overwrite_mode == DYNAMIC and not overwrite:
+        raise InvalidOptionError("partitionOverwriteMode=dynamic goes with mode overwrite: it replaces the partitions "
+                                 "the data has rows in (an append upserts the rows, replacing nothing)")
     if replace_where is None:
         return
     if not overwrite:
@@ -409,6 +413,9 @@ class TableConfig:
         schema = pa.schema([f.with_type(plain_type(f.type)) for f in schema], metadata=schema.metadata)
         names = set(schema.names)
         reserved = [n for n in schema.names if is_reserved(n)]
+        if IS_DELETED_COL in reserved:
+            raise SchemaError(f"{IS_DELETED_COL!r} is not a column a table holds: leave it out of the schema, and "
+                              "give it with the rows a write deletes (true deletes the row's key)")
         if reserved:
             raise SchemaError(f"column name(s) {reserved} use the reserved prefix {META_PREFIX!r}; rename them")
         for f in schema:

@@ -17,7 +17,7 @@ from .clock import BEFORE_ALL, TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
-from .compaction import maybe_compact, run_compaction, schedule_compaction
+from .compaction import compactions_to_run, maybe_compact, pending_compactions, run_compaction, schedule_compaction
 from .heartbeat import Heartbeat, idle_ms, interval_s
 from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
@@ -41,8 +41,8 @@ from .config import (
     UPSERT,
     WRITE_OPTIONS,
     TableConfig,
+    check_overwrite_options,
     check_partition_overwrite_mode,
-    check_replace_where,
     check_write_operation,
     parse_options,
     parse_table_options,
@@ -65,7 +65,7 @@ from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .partitions import PartitionMatch, matching, partition_values
 from .scan import EARLIEST, ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
-from .schema import evolve_schema, widened_columns
+from .schema import IS_DELETED_COL, evolve_schema, widened_columns
 from .update import apply_updates, check_updates, describe_updates
 from .storage import Storage
 from .storage_options import is_relative_path
@@ -198,8 +198,11 @@ class Table:
                        **table_options: Any) -> "Table":
         """Open the table at `uri`, creating it from `schema` and `table_options` if it does not
         exist (a first write). `table_options` are `create`'s; given for an existing table, they
-        must match it."""
+        must match it. A `_nbcc_is_deleted` column of `schema` (a first write's deletes) is not
+        one of the table's."""
         options = parse_table_options(table_options)
+        if IS_DELETED_COL in schema.names:
+            schema = schema.remove(schema.get_field_index(IS_DELETED_COL))
         try:
             table = cls.open(uri, storage_options)
         except TableNotFoundError:
@@ -242,7 +245,7 @@ class Table:
         if user_metadata is not None and not isinstance(user_metadata, str):
             raise InvalidOptionError(f"user_metadata must be text (a job name, a ticket); got {user_metadata!r}")
         partition_overwrite_mode = check_partition_overwrite_mode(partition_overwrite_mode)
-        check_replace_where(replace_where, overwrite, partition_overwrite_mode)
+        check_overwrite_options(replace_where, overwrite, partition_overwrite_mode)
         current = self.schema()
         if operation == DELETE_PARTITION:
             self._check_partitioned(_NOTHING_TO_DELETE)
@@ -546,7 +549,7 @@ class Table:
 
     def pending_compactions(self) -> list[str]:
         """Compactions scheduled and not completed (e.g. one whose run crashed: re-run it)."""
-        return [i.instant for i in Timeline.load(self.storage).pending() if i.action == "compaction"]
+        return pending_compactions(self.storage)
 
     def clean(self, retain_commits: int | None = None, heartbeat_timeout_s: float | None = None,
               progress: Callable[[int, int], None] | None = None, *,
@@ -598,13 +601,10 @@ class Table:
         execute a new one; the instant of the last compaction run, or None if there was nothing
         to compact. `progress(done, total)` is called per file group of each."""
         last = None
-        for tc in self.pending_compactions():
+        for tc, _ in compactions_to_run(self.storage, self.config, self.clock):
             self.run_compaction(tc, progress)
             last = tc
-        tc = self.schedule_compaction()  # after those: their file groups' newer logs are planned too
-        if tc is not None:
-            self.run_compaction(tc, progress)
-        return tc or last
+        return last
 
     # -- the metadata table ------------------------------------------------------------------
 

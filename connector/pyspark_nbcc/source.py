@@ -55,8 +55,8 @@ from nbcc.config import (
     STREAM_READ_OPTIONS,
     WRITE_OPTIONS,
     TableConfig,
+    check_overwrite_options,
     check_partition_overwrite_mode,
-    check_replace_where,
     check_write_operation,
     parse_options,
     parse_table_options,
@@ -315,7 +315,7 @@ class DefaultSource(DataSource):
         replace_where = options.pop(REPLACE_WHERE, None)
         user_metadata = options.pop(USER_METADATA, None)
         type_widening = options.pop(TYPE_WIDENING, False)
-        check_replace_where(replace_where, overwrite, check_partition_overwrite_mode(partition_overwrite_mode))
+        check_overwrite_options(replace_where, overwrite, check_partition_overwrite_mode(partition_overwrite_mode))
         if replace_where is not None:
             parse_replace_where(replace_where)  # its syntax, before a first write creates the table
         table, arrow_schema, operation, max_bytes, trigger = open_for_write(
