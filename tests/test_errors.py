@@ -259,10 +259,17 @@ def test_a_new_column_without_a_type_or_of_a_type_nbcc_cannot_store_writes_nothi
     assert table.read().sort_by("id").to_pylist()[-1] == {"id": 3, "name": None, "ts": 1}
 
 
-def test_a_delete_flag_that_is_not_boolean_writes_nothing(table):
+def test_a_delete_flag_that_is_not_boolean_writes_nothing(table, tmp_path):
     files, rows = _files(table.uri), table.read().sort_by("id").to_pylist()
     with pytest.raises(SchemaError, match="'_nbcc_is_deleted' has type int64; it must be boolean"):
         table.write(pa.table({"id": [1], "name": ["a"], "ts": [2], "_nbcc_is_deleted": [1]}))
+    # A first write (open_or_create) with a bad flag creates no table.
+    other = str(tmp_path / "first")
+    with pytest.raises(SchemaError, match="'_nbcc_is_deleted' has type string; it must be boolean"):
+        nbcc.Table.open_or_create(other, pa.schema([("id", pa.int64()), ("_nbcc_is_deleted", pa.string())]),
+                                  record_key="id")
+    with pytest.raises(nbcc.TableNotFoundError):
+        nbcc.Table.open(other)
     _unchanged(table, files, rows)
     table.write(pa.table({"id": [1], "name": ["z"], "ts": [2], "_nbcc_is_deleted": [None]}))  # untyped: none deleted
     assert table.read().sort_by("id").column("name").to_pylist() == ["z", "b"]

@@ -623,6 +623,8 @@ def test_replace_where_goes_with_overwrite_and_a_partitioned_table_only(tmp_path
         # An append that names the dynamic mode most likely forgot mode overwrite.
         (lambda: table.write(batch([0], 1, "n"), partition_overwrite_mode="dynamic"),
          "partitionOverwriteMode=dynamic goes with mode overwrite"),
+        (lambda: table.write(batch([0], 1, "n").select(["day"]), operation="delete_partition",
+                             partition_overwrite_mode="dynamic"), "partitionOverwriteMode=dynamic goes with mode"),
         (lambda: flat.write(batch([0], 1, "n"), mode="overwrite", replace_where="day = 'd1'"),
          "no partition columns, so replaceWhere"),
     ]:

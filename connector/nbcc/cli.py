@@ -11,8 +11,8 @@ Usage:
                                             operation, rows, files, bytes, partitions, parameters
     nbcc slices URI [--as-of T] [--json]    the file slices: per partition and file group, base
                                             instant, base file and log files (in log order)
-    nbcc compact URI [--quiet] [--json]     finish pending compactions a crashed run left, then
-                                            schedule and run a new one (prints its instant)
+    nbcc compact URI [--quiet] [--json]     finish the compactions scheduled earlier (by writes,
+                                            or a crashed run), then schedule and run a new one
     nbcc compact URI --instant T            run (or finish) the scheduled compaction T
     nbcc compact URI --schedule-only        only schedule a compaction; prints its instant
     nbcc clean URI [--retain-commits N] [--retain-hours H] [--heartbeat-timeout-s S] [--dry-run] [--quiet]
@@ -488,7 +488,8 @@ def cmd_savepoint(args: argparse.Namespace) -> int:
     table = _open(args)
     state = table.savepoint(args.as_of, user_metadata=args.user_metadata)
     if args.json:
-        return _print_json(next(k for k in table.savepoints() if k["as_of"] == state))
+        made = [k for k in table.savepoints() if k["as_of"] == state and k["confirmed"]]  # not a cut-short one
+        return _print_json(made[-1] if made else {"as_of": state, "confirmed": True})
     # The time alone on stdout, for a script to pass on (SP=$(nbcc savepoint ...)).
     _note(f"the state as of {state} stays readable (as_of, restore) whatever the cleaner's window, "
           f"until `{PROG} delete-savepoint {table.uri} {state}`")
@@ -776,8 +777,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compact", parents=[common], help="schedule and run a compaction",
                        description="Schedule a compaction of every file group with log files and run it "
-                                   "in this process; writers keep writing. Compactions that an earlier "
-                                   "run left unfinished are finished first.")
+                                   "in this process; writers keep writing. Compactions scheduled earlier "
+                                   "(by writes' compaction_delta_commits, by --schedule-only, or left "
+                                   "unfinished by a run that crashed) are finished first.")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--instant", metavar="T", type=_instant,
                        help="run (or finish) the scheduled compaction T only")

@@ -214,18 +214,19 @@ def compaction_heartbeat(storage: Storage, config: TableConfig, tc: str) -> Hear
 UNSTARTED_GRACE_S = 10.0
 
 
-def abandoned_compactions(storage: Storage, pending: list[str], timeout_s: float) -> list[str]:
+def abandoned_compactions(storage: Storage, pending: list[str], timeout_s: float,
+                          unstarted_s: float = UNSTARTED_GRACE_S) -> list[str]:
     """The compactions among `pending` that nothing executes: an execution's heartbeat older
     than `timeout_s` (it died, or it failed and kept its heartbeat, so that a failing
-    compaction is tried again once per timeout), or no execution started within
-    UNSTARTED_GRACE_S (at most `timeout_s`) of its scheduling: one scheduled by
-    `--schedule-only` or by a writer that only schedules, which is anyone's to execute."""
+    compaction is tried again once per timeout), or no execution started within `unstarted_s`
+    (at most `timeout_s`) of its scheduling: one scheduled by `--schedule-only` or by a writer
+    that only schedules, which is anyone's to execute."""
     now = heartbeat._now_ms()
 
     def abandoned(tc: str) -> bool:
         beat = heartbeat.last_beat_ms(storage, tc)
         if beat is None:
-            return now - parse_time(tc) > min(timeout_s, UNSTARTED_GRACE_S) * 1000
+            return now - parse_time(tc) > min(timeout_s, unstarted_s) * 1000
         return now - beat > timeout_s * 1000
 
     return [tc for tc in pending if abandoned(tc)]
@@ -288,15 +289,21 @@ def _compact_inline(storage: Storage, config: TableConfig, clock: TimeGenerator,
         # Executing it is the job's, or the inline run's that scheduled it. One that nothing
         # executes (a killed process) an inline writer finishes, as `nbcc compact` would: a plan
         # may be executed again (format.md §15.3). A scheduling-only writer says so, once per
-        # `every` commits.
+        # `every` commits, and only after heartbeat_timeout_s: a compaction job (cron) runs
+        # the compactions writers schedule later as a rule.
+        if not inline:
+            stale = abandoned_compactions(storage, pending, config.heartbeat_timeout_s, float("inf"))
+            if stale and since % every == 0:
+                logger.warning("compaction %s is pending and nothing has executed it for %d delta commits; "
+                               "`nbcc compact %s` finishes it (so do table.compact() and pyspark_nbcc.compact)",
+                               stale[0], since, storage.uri)
+            return None
         abandoned = abandoned_compactions(storage, pending, config.heartbeat_timeout_s)
-        if abandoned and not inline and since % every == 0:
-            logger.warning("compaction %s is pending and nothing has executed it for %d delta commits; "
-                           "`nbcc compact %s` finishes it (so do table.compact() and pyspark_nbcc.compact)", abandoned[0], since, storage.uri)
-        if not inline or len(abandoned) < len(pending):
+        if len(abandoned) < len(pending):  # one is being executed: this writer leaves compaction to it
             return None
         for tc in abandoned:
-            logger.warning("compaction %s was left pending (its execution stopped); finishing it", tc)
+            logger.warning("compaction %s was left pending (nothing executes it: its execution stopped or never started); "
+                           "finishing it", tc)
             run_compaction(storage, config, clock, tc)
     tc = schedule_compaction(storage, config, clock)
     if tc is not None and inline:

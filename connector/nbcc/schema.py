@@ -268,6 +268,19 @@ def is_reserved(name: str) -> bool:
     return name.lower().startswith(META_PREFIX)
 
 
+def _is_deleted_problem(incoming: pa.Schema) -> str | None:
+    deleted = incoming.field(IS_DELETED_COL).type if IS_DELETED_COL in incoming.names else None
+    if deleted is not None and not (pa.types.is_boolean(deleted) or pa.types.is_null(deleted)):
+        return f"column {IS_DELETED_COL!r} has type {deleted}; it must be boolean (true deletes the row's key)"
+    return None
+
+
+def check_is_deleted(incoming: pa.Schema) -> None:
+    """SchemaError unless the data's `_nbcc_is_deleted` column, if any, is boolean (or untyped)."""
+    if problem := _is_deleted_problem(incoming):
+        raise SchemaError(problem)
+
+
 def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool = False,
                   partition_by: Sequence[str] = (), widen: bool = False) -> pa.Schema:
     """The table schema after writing data of schema `incoming`, or SchemaError.
@@ -279,10 +292,7 @@ def evolve_schema(table_schema: pa.Schema, incoming: pa.Schema, *, delete: bool 
     and a float's text changes as a double (1.1 becomes 1.100000023841858).
     """
     check_names(incoming.names, "the data")
-    problems = []
-    deleted = incoming.field(IS_DELETED_COL).type if IS_DELETED_COL in incoming.names else None
-    if deleted is not None and not (pa.types.is_boolean(deleted) or pa.types.is_null(deleted)):
-        problems.append(f"column {IS_DELETED_COL!r} has type {deleted}; it must be boolean (true deletes the row's key)")
+    problems = [p] if (p := _is_deleted_problem(incoming)) else []
     widened = {}
     for f in table_schema:
         idx = incoming.get_field_index(f.name)

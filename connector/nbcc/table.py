@@ -65,7 +65,7 @@ from .indexing import DEFAULT_TIMEOUT_S, build_index, drop_index, index_state
 from .metadata_table import KINDS
 from .partitions import PartitionMatch, matching, partition_values
 from .scan import EARLIEST, ReadOptions, ScanPlan, iter_plan, plan_scan, read_plan, read_task, schema_read
-from .schema import IS_DELETED_COL, evolve_schema, widened_columns
+from .schema import IS_DELETED_COL, check_is_deleted, evolve_schema, widened_columns
 from .update import apply_updates, check_updates, describe_updates
 from .storage import Storage
 from .storage_options import is_relative_path
@@ -202,6 +202,7 @@ class Table:
         one of the table's."""
         options = parse_table_options(table_options)
         if IS_DELETED_COL in schema.names:
+            check_is_deleted(schema)  # before the table exists: a bad write must leave none
             schema = schema.remove(schema.get_field_index(IS_DELETED_COL))
         try:
             table = cls.open(uri, storage_options)
@@ -417,7 +418,8 @@ class Table:
 
         if operation == DELETE_PARTITION:
             txn = self.prepare_write(schema, operation, overwrite=mode == "overwrite", replace_where=replace_where,
-                                     user_metadata=user_metadata)
+                                     user_metadata=user_metadata,
+                                     partition_overwrite_mode=given.get(PARTITION_OVERWRITE_MODE, STATIC))
             found = partitions_named(pieces, self.config, txn.schema)  # every bad row, before the instant begins
             return compact_if_due(self.commit_deletion(txn, found)) if found else None
         replace = self.replace_filter(replace_where) if replace_where is not None else None

@@ -109,7 +109,10 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
 
 
 def _run_on_spark(spark: SparkSession, table: Table, tc: str) -> str:
-    """Execute scheduled compaction `tc`, one Spark task per file group; `tc`."""
+    """Execute scheduled compaction `tc`, one Spark task per file group (unless another run
+    completed it meanwhile); `tc`."""
+    if is_completed(table.storage, tc):
+        return tc
     operations = read_compaction_plan(table.storage, tc)["operations"]
     storage, config, run_id = table.storage, table.config, random.randrange(2**31)
 
