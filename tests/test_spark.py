@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,27 @@ def test_a_first_write_with_the_delete_flag_creates_the_table_without_it(spark, 
     assert sorted(tuple(r) for r in spark.read.format("nbcc").load(uri).collect()) == [(1, 10), (3, 30)]
     with pytest.raises(nbcc.SchemaError, match="'_nbcc_is_deleted' is not a column a table holds: leave it out"):
         nbcc.Table.create(uri + "-2", pa.schema([("id", pa.int64()), ("_nbcc_is_deleted", pa.bool_())]), "id")
+
+
+def test_schema_errors_of_a_spark_write_name_spark_types_and_the_cast(spark, local_table):
+    # The core's messages name Arrow types (timestamp[us, tz=UTC], list<element: int32>), which a
+    # Spark user never sees: the Spark write adds the column's Spark types and the cast that fits.
+    uri, _ = local_table
+    spark.sql("SELECT 1L AS id, TIMESTAMP '2026-11-20 10:00:00' AS at, array(1, 2) AS xs").write.format("nbcc") \
+        .mode("append").option("record_key", "id").save(uri)
+    for query, words in [
+        ("SELECT 2L AS id, TIMESTAMP_NTZ '2026-11-20 10:00:00' AS at, array(1, 2) AS xs",
+         "`at` is timestamp_ntz in the data and timestamp in the table: cast(`at` AS timestamp)"),
+        ("SELECT 2L AS id, TIMESTAMP '2026-11-20 10:00:00' AS at, array(1L, 2L) AS xs",
+         "`xs` is array<bigint> in the data and array<int> in the table: cast(`xs` AS array<int>)"),
+    ]:
+        with pytest.raises(Exception, match=re.escape(f"(in Spark's types: {words})")):
+            spark.sql(query).write.format("nbcc").mode("append").save(uri)
+    # A column of untyped nulls on a first write: there is no table type yet.
+    with pytest.raises(Exception, match=re.escape("`n` is void (untyped nulls): give it a type, e.g. cast(null AS string)")):
+        spark.sql("SELECT 1L AS id, NULL AS n").write.format("nbcc").mode("append").option("record_key", "id") \
+            .save(uri + "-2")
+    assert sorted(tuple(r) for r in spark.read.format("nbcc").load(uri).select("id").collect()) == [(1,)]
 
 
 def test_schema_seen_by_spark_is_the_tables(spark, local_table):

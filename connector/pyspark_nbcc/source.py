@@ -11,7 +11,9 @@ from __future__ import annotations
 import datetime
 import decimal
 import logging
+import re
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator
 
@@ -37,7 +39,7 @@ from pyspark.sql.datasource import (
     StringStartsWith,
     WriterCommitMessage,
 )
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
 from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructField, StructType, VariantType
 
 from nbcc import Table
@@ -318,14 +320,15 @@ class DefaultSource(DataSource):
         check_overwrite_options(replace_where, overwrite, check_partition_overwrite_mode(partition_overwrite_mode))
         if replace_where is not None:
             parse_replace_where(replace_where)  # its syntax, before a first write creates the table
-        table, arrow_schema, operation, max_bytes, trigger = open_for_write(
-            uri, options, storage_options, schema, overwrite)
-        replace = table.replace_filter(replace_where) if replace_where is not None else None
-        # A partition deletion writes no file: its instant begins at commit, once its rows have
-        # named partitions (none named: nothing is committed, the format version stays).
-        start = table.prepare_write if operation == DELETE_PARTITION else table.begin_write
-        txn = start(arrow_schema, operation, overwrite=overwrite, partition_overwrite_mode=partition_overwrite_mode,
-                    replace_where=replace, user_metadata=user_metadata, type_widening=type_widening)
+        with spark_type_names(uri, storage_options, schema):
+            table, arrow_schema, operation, max_bytes, trigger = open_for_write(
+                uri, options, storage_options, schema, overwrite)
+            replace = table.replace_filter(replace_where) if replace_where is not None else None
+            # A partition deletion writes no file: its instant begins at commit, once its rows have
+            # named partitions (none named: nothing is committed, the format version stays).
+            start = table.prepare_write if operation == DELETE_PARTITION else table.begin_write
+            txn = start(arrow_schema, operation, overwrite=overwrite, partition_overwrite_mode=partition_overwrite_mode,
+                        replace_where=replace, user_metadata=user_metadata, type_widening=type_widening)
         return NbccWriter(table.storage, table.config, txn, max_bytes, trigger, replace)
 
     def streamWriter(self, schema: StructType, overwrite: bool):
@@ -340,6 +343,41 @@ class DefaultSource(DataSource):
             return stream_reader(self.options, schema, getattr(self, "_own_schema", None))
         except NbccError as exc:  # what is wrong, raised at Spark's first call (RefusedStreamReader)
             return RefusedStreamReader(exc)
+
+
+@contextmanager
+def spark_type_names(uri: str, storage_options: dict[str, Any], data: StructType) -> Iterator[None]:
+    """A write's schema errors, which name Arrow types (the core's), with the columns they name
+    also in Spark's types and the cast that fits, for the Spark user who never saw the Arrow ones."""
+    try:
+        yield
+    except SchemaError as exc:
+        raise SchemaError(f"{exc}{_in_spark_terms(str(exc), uri, storage_options, data)}") from None
+
+
+def _in_spark_terms(message: str, uri: str, storage_options: dict[str, Any], data: StructType) -> str:
+    try:
+        table = Table.open(uri, storage_options).schema()
+    except NbccError:
+        table = None  # a first write: no table yet
+
+    def spark_type(name: str) -> str | None:
+        if table is None or name not in table.names:
+            return None
+        try:
+            return from_arrow_type(table.field(name).type).simpleString()
+        except Exception:  # noqa: BLE001 - a type Spark has no name for: say nothing of it
+            return None
+
+    said = []
+    for name in dict.fromkeys(re.findall(r"column '([^']+)'", message)):
+        ours = data[name].dataType.simpleString() if name in data.fieldNames() else None
+        theirs = spark_type(name)
+        if ours == "void":
+            said.append(f"`{name}` is void (untyped nulls): give it a type, e.g. cast(null AS {theirs or 'string'})")
+        elif ours and theirs and ours != theirs:
+            said.append(f"`{name}` is {ours} in the data and {theirs} in the table: cast(`{name}` AS {theirs})")
+    return f" (in Spark's types: {'; '.join(said)})" if said else ""
 
 
 def _check_no_variant(schema: StructType) -> None:

@@ -83,7 +83,7 @@ from nbcc.timeline import INFLIGHT, REPLACE_COMMIT, REQUESTED
 from nbcc.writer import LogWriter, coalesced, prepare
 
 from .source import (NbccReader, TaskPartition, _check_given_schema, _spark_schema, _table_uri, loaded_columns,
-                     open_for_write, warn_if_scattered, widened_since_loaded)
+                     open_for_write, spark_type_names, warn_if_scattered, widened_since_loaded)
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,12 @@ def stream_writer(options: dict[str, Any], schema: StructType, overwrite: bool) 
             "operation=delete_partition is for batch writes (df.write): a stream would delete the partitions "
             "of every micro-batch's rows. Delete partitions with a batch write, Table.delete_partitions or "
             "`nbcc delete-partitions`")
-    table, arrow_schema, operation, max_bytes, trigger = open_for_write(
-        uri, parsed, storage_options, schema, overwrite)
-    # Each micro-batch's commit records user_metadata.
-    template = table.prepare_write(arrow_schema, operation, overwrite, user_metadata=user_metadata,
-                                   type_widening=type_widening)
+    with spark_type_names(uri, storage_options, schema):
+        table, arrow_schema, operation, max_bytes, trigger = open_for_write(
+            uri, parsed, storage_options, schema, overwrite)
+        # Each micro-batch's commit records user_metadata.
+        template = table.prepare_write(arrow_schema, operation, overwrite, user_metadata=user_metadata,
+                                       type_widening=type_widening)
     template.require_format_version()  # its micro-batches claim their instants without begin()
     return NbccStreamWriter(table.config, template, stream_id, max_bytes, trigger)
 
