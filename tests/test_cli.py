@@ -967,9 +967,14 @@ def test_savepoint_keeps_a_state_through_cleans_until_delete_savepoint(local_tab
     expected = snapshot(table)
     code, out, err = run(capsys, "savepoint", uri, "--user-metadata", "month end")
     assert (code, out) == (0, f"{kept}\n") and f"delete-savepoint {uri} {kept}" in err  # the time alone, for scripts
+    # A making of the same state cut short long ago left a pending file: --json prints the kept one.
+    Path(uri, ".nbcc", "savepoints", f"{kept}_20000101000000000.pending.json").write_text(json.dumps(
+        {"as_of": kept, "created": "20000101000000000", "user_metadata": "crashed"}))
     code, out, err = run(capsys, "savepoint", uri, "--json")  # the same state: the same savepoint
     assert code == 0 and {k: json.loads(out)[k] for k in ("as_of", "confirmed", "user_metadata")} == {
         "as_of": kept, "confirmed": True, "user_metadata": "month end"}
+    assert run(capsys, "delete-savepoint", uri, kept, "--pending")[0] == 0
+    assert run(capsys, "savepoint", uri, "--user-metadata", "month end")[0] == 0
     code, out, err = run(capsys, "savepoint", uri, "--as-of", written[0])  # before the first completion
     assert code == 1 and "no commit had completed by then" in err
     for v in range(2, 5):
