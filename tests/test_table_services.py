@@ -1298,6 +1298,31 @@ def test_compact_finishes_the_compactions_writes_scheduled_then_compacts_what_is
     assert snapshot(table) == ref.expected()
 
 
+def test_a_compaction_that_fails_does_not_keep_compact_from_the_other_file_groups(tmp_path, monkeypatch, caplog):
+    # A damaged input fails a pending compaction's every execution: compact() still compacts
+    # the file groups outside its plan, then raises that failure.
+    import nbcc.compaction
+
+    table, ref = table_with_rows(str(tmp_path / "t"))
+    broken = table.schedule_compaction()
+    ref.write(table, range(1000, 1010), "c1", part=lambda k: "new")  # file groups outside its plan
+    real = nbcc.compaction.compact_file_group
+
+    def failing(storage, config, tc, op, token):
+        if tc == broken:
+            raise OSError("a damaged input file")
+        return real(storage, config, tc, op, token)
+
+    monkeypatch.setattr(nbcc.compaction, "compact_file_group", failing)
+    with caplog.at_level("WARNING", logger="nbcc.compaction"), pytest.raises(OSError, match="a damaged input file"):
+        table.compact()
+    assert f"compaction {broken} failed: a damaged input file; going on with the others" in caplog.text
+    assert table.pending_compactions() == [broken]
+    new = [s for s in table.file_slices() if s.partition == "part=new"]
+    assert new and all(s.base_file and not s.log_files for s in new)
+    assert snapshot(table) == ref.expected()
+
+
 def test_a_scheduling_only_writer_says_when_a_compaction_stays_pending(tmp_path, caplog):
     table, ref = table_with_rows(str(tmp_path / "t"))
     left = table.schedule_compaction()

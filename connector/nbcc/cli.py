@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS, check_retention
 from .clock import parse_time, parse_time_option
-from .compaction import compaction_to_run, compactions_to_run
+from .compaction import compaction_to_run, run_compactions
 from .conditions import parse_assignment, parse_conditions, typed_condition, typed_value, with_column_as_spelled
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
@@ -329,12 +329,14 @@ def cmd_compact(args: argparse.Namespace) -> int:
         else:  # scheduled earlier (--schedule-only, or a run that stopped): pending until this run
             ran.append(_run_and_tell(table, args, tc, say, was_pending=True, told="compaction"))
         return _print_json({"compactions": ran}) if args.json else 0
-    for tc, earlier in compactions_to_run(table.storage, table.config, table.clock):
+    def run(tc: str, earlier: bool) -> dict[str, Any]:
         if earlier:
             _note(f"compaction {tc} is pending (scheduled by a write's compaction_delta_commits or --schedule-only, "
                   "or left by a run that crashed or is still running); finishing it")
-        ran.append(_run_and_tell(table, args, tc, say, was_pending=earlier,
-                                 told="pending compaction" if earlier else "compaction"))
+        return _run_and_tell(table, args, tc, say, was_pending=earlier,
+                             told="pending compaction" if earlier else "compaction")
+
+    ran = run_compactions(table.storage, table.config, table.clock, run)
     if not ran:
         say("nothing to compact")
     return _print_json({"compactions": ran}) if args.json else 0

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 import random
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, TypeVar
 
 import pyarrow.compute as pc
 
@@ -51,6 +51,7 @@ from .view import slices_by_group, table_view
 from .writer import column_encodings, parquet_writer, update_stats
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A base file is sorted by key (each merged piece: reader.py), so a read filtered by key decodes
 # only the row groups whose statistics may match (reader._row_groups_to_read). Measured on one
@@ -237,22 +238,38 @@ def pending_compactions(storage: Storage) -> list[str]:
     return [i.instant for i in Timeline.load(storage).pending() if i.action == COMPACTION]
 
 
-def compactions_to_run(storage: Storage, config: TableConfig, clock: TimeGenerator) -> Iterator[tuple[str, bool]]:
-    """What a compaction job (`Table.compact`, `pyspark_nbcc.compact`, `nbcc compact`) runs, in
-    order, as (instant, scheduled earlier): the compactions scheduled earlier, oldest first,
-    then one it schedules for what is left; or, when another process scheduled that meanwhile
-    (a writer's compaction_delta_commits), the compactions it scheduled."""
+def run_compactions(storage: Storage, config: TableConfig, clock: TimeGenerator,
+                    run: Callable[[str, bool], T]) -> list[T]:
+    """A compaction job (`Table.compact`, `pyspark_nbcc.compact`, `nbcc compact`): `run(instant,
+    scheduled_earlier)` for the compactions scheduled earlier, oldest first, then for one it
+    schedules for what is left; or, when another process scheduled that meanwhile (a writer's
+    compaction_delta_commits), for the compactions it scheduled. Their results, in order. One
+    that fails does not stop the others (a damaged input file must not keep every other file
+    group from being compacted): the first failure is raised once the rest have run."""
+    results: list[T] = []
+    failure: Exception | None = None
+
+    def attempt(tc: str, earlier: bool) -> None:
+        nonlocal failure
+        try:
+            results.append(run(tc, earlier))
+        except Exception as exc:  # noqa: BLE001 - raised below, after the others
+            log.warning("compaction %s failed: %s; going on with the others", tc, exc)
+            failure = failure or exc
+
     earlier = pending_compactions(storage)
     for tc in earlier:
-        yield tc, True
+        attempt(tc, True)
     tc = schedule_compaction(storage, config, clock)  # after those: their groups' newer logs too
     if tc is not None:
-        yield tc, False
-        return
-    for tc in pending_compactions(storage):
-        if tc not in earlier:
-            yield tc, True
-
+        attempt(tc, False)
+    else:
+        for tc in pending_compactions(storage):
+            if tc not in earlier:
+                attempt(tc, True)
+    if failure is not None:
+        raise failure
+    return results
 
 
 def delta_commits_since_compaction(timeline: Timeline) -> int:

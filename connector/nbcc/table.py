@@ -17,7 +17,7 @@ from .clock import BEFORE_ALL, TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
-from .compaction import compactions_to_run, maybe_compact, pending_compactions, run_compaction, schedule_compaction
+from .compaction import maybe_compact, pending_compactions, run_compaction, run_compactions, schedule_compaction
 from .heartbeat import Heartbeat, idle_ms, interval_s
 from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
@@ -602,11 +602,12 @@ class Table:
         schedule_compaction, or left by a run that crashed), oldest first, then schedule and
         execute a new one; the instant of the last compaction run, or None if there was nothing
         to compact. `progress(done, total)` is called per file group of each."""
-        last = None
-        for tc, _ in compactions_to_run(self.storage, self.config, self.clock):
+        def run(tc: str, _: bool) -> str:
             self.run_compaction(tc, progress)
-            last = tc
-        return last
+            return tc
+
+        ran = run_compactions(self.storage, self.config, self.clock, run)
+        return ran[-1] if ran else None
 
     # -- the metadata table ------------------------------------------------------------------
 

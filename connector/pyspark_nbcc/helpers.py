@@ -11,8 +11,8 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from nbcc import Table
 from nbcc.buckets import bucket_ids_for_columns
 from nbcc.config import DEFAULT_BUCKETS
-from nbcc.compaction import (compact_file_group, compaction_heartbeat, compaction_to_run, compactions_to_run,
-                             complete_compaction)
+from nbcc.compaction import (compact_file_group, compaction_heartbeat, compaction_to_run,
+                             complete_compaction, run_compactions)
 from nbcc.config import parse_options
 from nbcc.errors import InvalidOptionError, TableNotFoundError
 from nbcc.filenames import make_token
@@ -102,10 +102,8 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
         return inst.instant if inst.is_completed else _run_on_spark(spark, table, inst.instant)
     if schedule_only:
         return table.schedule_compaction()
-    last = None
-    for tc, _ in compactions_to_run(table.storage, table.config, table.clock):
-        last = _run_on_spark(spark, table, tc)
-    return last
+    ran = run_compactions(table.storage, table.config, table.clock, lambda tc, _: _run_on_spark(spark, table, tc))
+    return ran[-1] if ran else None
 
 
 def _run_on_spark(spark: SparkSession, table: Table, tc: str) -> str:
