@@ -233,11 +233,6 @@ def abandoned_compactions(storage: Storage, pending: list[str], timeout_s: float
     return [tc for tc in pending if abandoned(tc)]
 
 
-def pending_compactions(storage: Storage) -> list[str]:
-    """Compactions scheduled and not completed, oldest first."""
-    return [i.instant for i in Timeline.load(storage).pending() if i.action == COMPACTION]
-
-
 def run_compactions(storage: Storage, config: TableConfig, clock: TimeGenerator,
                     run: Callable[[str, bool], T]) -> list[T]:
     """A compaction job (`Table.compact`, `pyspark_nbcc.compact`, `nbcc compact`): `run(instant,
@@ -257,14 +252,14 @@ def run_compactions(storage: Storage, config: TableConfig, clock: TimeGenerator,
             log.warning("compaction %s failed: %s; going on with the others", tc, exc)
             failure = failure or exc
 
-    earlier = pending_compactions(storage)
+    earlier = Timeline.load(storage).pending_compactions()
     for tc in earlier:
         attempt(tc, True)
     tc = schedule_compaction(storage, config, clock)  # after those: their groups' newer logs too
     if tc is not None:
         attempt(tc, False)
     else:
-        for tc in pending_compactions(storage):
+        for tc in Timeline.load(storage).pending_compactions():
             if tc not in earlier:
                 attempt(tc, True)
     if failure is not None:
@@ -301,7 +296,7 @@ def _compact_inline(storage: Storage, config: TableConfig, clock: TimeGenerator,
     since = delta_commits_since_compaction(timeline)
     if since < every:
         return None
-    pending = [i.instant for i in timeline.instants if i.action == COMPACTION and not i.is_completed]
+    pending = timeline.pending_compactions()
     if pending:
         # Executing it is the job's, or the inline run's that scheduled it. One that nothing
         # executes (a killed process) an inline writer finishes, as `nbcc compact` would: a plan
@@ -309,8 +304,8 @@ def _compact_inline(storage: Storage, config: TableConfig, clock: TimeGenerator,
         # `every` commits, and only after heartbeat_timeout_s: a compaction job (cron) runs
         # the compactions writers schedule later as a rule.
         if not inline:
-            stale = abandoned_compactions(storage, pending, config.heartbeat_timeout_s, float("inf"))
-            if stale and since % every == 0:
+            if since % every == 0 and \
+                    (stale := abandoned_compactions(storage, pending, config.heartbeat_timeout_s, float("inf"))):
                 logger.warning("compaction %s is pending and nothing has executed it for %d delta commits; "
                                "`nbcc compact %s` finishes it (so do table.compact() and pyspark_nbcc.compact)",
                                stale[0], since, storage.uri)

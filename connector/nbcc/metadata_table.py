@@ -364,11 +364,11 @@ def upkeep(mdt: Any, force: bool = False) -> None:
     """Keep the metadata table cheap to read: compact it, clean it and archive its timeline once
     enough has piled up (every time with `force`). Failures are logged: the next run retries."""
     from .compaction import delta_commits_since_compaction
-    from .timeline import COMPACTION, Timeline
+    from .timeline import Timeline
 
     try:
         timeline = Timeline.load(mdt.storage)
-        pending = [i.instant for i in timeline.pending() if i.action == COMPACTION]
+        pending = timeline.pending_compactions()
         # A pending compaction: another writer is compacting it (or crashed doing so: a service
         # finishes it), so only compacting waits; cleaning and archival go on (format.md §18.7).
         if force or not pending:

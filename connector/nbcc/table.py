@@ -17,7 +17,7 @@ from .clock import BEFORE_ALL, TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
-from .compaction import maybe_compact, pending_compactions, run_compaction, run_compactions, schedule_compaction
+from .compaction import maybe_compact, run_compaction, run_compactions, schedule_compaction
 from .heartbeat import Heartbeat, idle_ms, interval_s
 from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
@@ -70,7 +70,6 @@ from .update import apply_updates, check_updates, describe_updates
 from .storage import Storage
 from .storage_options import is_relative_path
 from .timeline import (
-    COMPACTION,
     DATA_ACTIONS,
     DELTA_COMMIT,
     REPLACE_COMMIT,
@@ -551,7 +550,7 @@ class Table:
 
     def pending_compactions(self) -> list[str]:
         """Compactions scheduled and not completed (e.g. one whose run crashed: re-run it)."""
-        return pending_compactions(self.storage)
+        return Timeline.load(self.storage).pending_compactions()
 
     def clean(self, retain_commits: int | None = None, heartbeat_timeout_s: float | None = None,
               progress: Callable[[int, int], None] | None = None, *,
@@ -838,7 +837,7 @@ class Table:
             "archived_instants": sum(i.archived for i in timeline.instants),
             "latest_commit": ({"instant": data[-1].instant, "action": data[-1].action,
                                "completion": data[-1].completion} if data else None),
-            "pending_compactions": [i.instant for i in timeline.pending() if i.action == COMPACTION],
+            "pending_compactions": timeline.pending_compactions(),
             # Writes not completed, with how long since each last beat: past heartbeat_timeout_s,
             # a clean rolls it back (its writer died, or stalled that long).
             "writes_in_flight": [{"instant": i.instant, "action": i.action,

@@ -115,6 +115,10 @@ class Timeline:
         """Instants requested or inflight (not completed, not rolled back)."""
         return [i for i in self.instants if i.state in (REQUESTED, INFLIGHT)]
 
+    def pending_compactions(self) -> list[str]:
+        """Compactions scheduled and not completed, oldest first."""
+        return [i.instant for i in self.pending() if i.action == COMPACTION]
+
     def completion_times(self) -> dict[str, str | None]:
         """instant -> completion time, None for pending ones (what file slicing takes)."""
         return {i.instant: i.completion for i in self.instants}

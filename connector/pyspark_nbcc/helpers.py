@@ -98,8 +98,7 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
     _, storage_options = parse_options(options, {}, "compaction")
     table = Table.open(uri, storage_options)
     if instant is not None:
-        inst = compaction_to_run(table.storage, instant)
-        return inst.instant if inst.is_completed else _run_on_spark(spark, table, inst.instant)
+        return _run_on_spark(spark, table, compaction_to_run(table.storage, instant).instant)
     if schedule_only:
         return table.schedule_compaction()
     ran = run_compactions(table.storage, table.config, table.clock, lambda tc, _: _run_on_spark(spark, table, tc))
