@@ -4,7 +4,9 @@
     make soak                                             # both, see the Makefile (SOAK_ARGS=...)
 
 tests/test_soak.py runs a short version of it in `make test`. On one table (event_time mode,
-8 buckets), for `--seconds`:
+8 buckets), for `--seconds`, and on until every writer, service and reader below has done its
+part at least once (the cleaner deleting a file and archiving an instant last of all on a slow
+machine), but not past `--max-seconds`:
 
 - 4 writer processes upsert overlapping keys through the Python API (`Table.write`), one commit
   after another as fast as they can, with no retry (an exception is a failed commit);
@@ -24,8 +26,7 @@ tests/test_soak.py runs a short version of it in `make test`. On one table (even
 
 Then everything is stopped (each stage bounded in time) and checked. Between stopping the writers
 (and draining the stream) and stopping the services, the cleaner runs once more on the quiet table,
-cleaning and archiving, so that every run has cleaned and archived at least once however short it
-is, and the final checks then read a table that was cleaned and archived.
+cleaning and archiving, so that the final checks read a table that was cleaned and archived.
 
 The data. Commit `seq` of writer `slot` (slots 0-3: the processes, slot 4: the stream's files)
 carries the marker `tag` = "<slot>-<seq>" on all its rows and writes
@@ -615,11 +616,41 @@ def _tail(path: Path, chars: int = 3000) -> str:
     return path.read_text(errors="replace")[-chars:] if path.exists() else ""
 
 
+def _parts_missing(work: Path, streamer: "StreamWriter | None", readers: list["Reader"]) -> list[str]:
+    """What the run has not seen yet of the work every writer, service and reader must do (what
+    the end checks ask for), from the processes' logs, which they may be appending to."""
+    def records(name: str) -> list[dict[str, Any]]:
+        path = work / f"{name}.jsonl"
+        text = path.read_text() if path.exists() else ""
+        return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+    missing = [f"writer-{w} to commit" for w in range(WRITERS)
+               if not any(r["ok"] for r in records(f"writer-{w}"))]
+    if streamer is not None and streamer.completed_batches() < 2:  # the warm-up batch and one during the load
+        missing.append("the stream to commit")
+    if not any(r["ok"] and r["instant"] for r in records("compactor")):
+        missing.append("a compaction")
+    cleans = [r for r in records("cleaner") if r["ok"]]
+    if not any(r["deleted"] for r in cleans):
+        missing.append("the cleaner to delete a file")
+    if not any(r.get("archived") for r in cleans):
+        missing.append("the cleaner to archive an instant")
+    if not any("made" in r for r in records("savepointer")):
+        missing.append("a savepoint")
+    missing.extend(f"{r.name} to read twice" for r in readers if len(r.reads) < 2)
+    return missing
+
+
 def run_soak(spark, uri: str, storage_options: dict[str, Any] | None, work: Path, *, seconds: float,
-             keys: int = 2000, stream: bool = True, retain_commits: int = DEFAULT_RETAIN_COMMITS,
-             storage_name: str = "", echo: Callable[[str], None] = print) -> dict[str, Any]:
+             max_seconds: float | None = None, keys: int = 2000, stream: bool = True,
+             retain_commits: int = DEFAULT_RETAIN_COMMITS, storage_name: str = "",
+             echo: Callable[[str], None] = print) -> dict[str, Any]:
     """Run the soak against a fresh table at `uri`; returns the summary. `summary["problems"]` lists
-    every check that failed (empty: the run passed)."""
+    every check that failed (empty: the run passed). The load runs `seconds`, and on until every
+    writer, service and reader has done its part (a slow machine or S3 makes few commits, and
+    the cleaner deletes nothing until a compaction is older than its window), but not past
+    `max_seconds` (default: 4 times `seconds`)."""
+    max_seconds = max(seconds, 4 * seconds if max_seconds is None else max_seconds)
     storage_options = dict(storage_options or {})
     work.mkdir(parents=True, exist_ok=True)
     problems: list[str] = []
@@ -629,7 +660,7 @@ def run_soak(spark, uri: str, storage_options: dict[str, Any] | None, work: Path
     config_path.write_text(json.dumps({
         "uri": uri, "storage_options": storage_options, "work": str(work), "keys": keys,
         "retain_commits": retain_commits,
-        "deadline_epoch": time.time() + START_TIMEOUT_S + seconds + 2 * STOP_TIMEOUT_S,
+        "deadline_epoch": time.time() + START_TIMEOUT_S + max_seconds + 2 * STOP_TIMEOUT_S,
     }))
     counter = install_retry_counter()  # this process: the readers
     counted_before = dict(counter.counts)
@@ -665,16 +696,26 @@ def run_soak(spark, uri: str, storage_options: dict[str, Any] | None, work: Path
         for r in readers:
             r.start()
 
-        # The load phase: `seconds` long, with a progress line now and then.
+        # The load phase: `seconds` long, then on until every part has been seen (at most
+        # `max_seconds`), with a progress line now and then.
         next_report = began + 10
-        while time.monotonic() - began < seconds and not dead():
+        missing = ["the load"]
+        while not dead():
             time.sleep(0.2)
+            elapsed = time.monotonic() - began
+            if elapsed >= seconds:
+                missing = _parts_missing(work, streamer, readers)
+                if not missing or elapsed >= max_seconds:
+                    break
             if time.monotonic() >= next_report:
                 next_report += 10
                 commits = sum(_lines(work / f"writer-{w}.jsonl") for w in range(WRITERS))
-                echo(f"  {time.monotonic() - began:5.0f} s: {commits} writer commits, "
+                echo(f"  {elapsed:5.0f} s: {commits} writer commits, "
                      f"{streamer.completed_batches() if streamer else 0} stream commits, "
-                     f"{sum(len(r.reads) for r in readers)} reads")
+                     f"{sum(len(r.reads) for r in readers)} reads"
+                     + (f"; waiting for {', '.join(missing)}" if elapsed >= seconds else ""))
+        if missing and not dead():
+            echo(f"  after {max_seconds:g} s still waiting for {', '.join(missing)}: stopping")
         if dead():
             problems.append(f"processes died during the run: {dead()}")
 
@@ -731,7 +772,8 @@ def run_soak(spark, uri: str, storage_options: dict[str, Any] | None, work: Path
                       storage_options=storage_options, load_s=load_s, problems=problems)
     for layer, n in counter.counts.items():
         summary["retries"][layer] += n - counted_before[layer]
-    summary.update(storage=storage_name, seconds=seconds, keys=keys, stream=stream, retain_commits=retain_commits)
+    summary.update(storage=storage_name, seconds=seconds, max_seconds=max_seconds, keys=keys, stream=stream,
+                   retain_commits=retain_commits)
     return summary
 
 
@@ -953,7 +995,10 @@ def start_moto() -> tuple[Any, dict[str, Any], str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=120.0, help="how long the load runs (default 120)")
+    parser.add_argument("--seconds", type=float, default=120.0, help="how long the load runs at least (default 120)")
+    parser.add_argument("--max-seconds", type=float,
+                        help="how long the load may go on until every writer, service and reader has done its "
+                             "part (default: 4 times --seconds)")
     parser.add_argument("--storage", choices=("local", "s3"), default="local",
                         help="local disk, or a moto S3 server this run starts on 127.0.0.1")
     parser.add_argument("--keys", type=int, default=2000, help="shared record keys (default 2000)")
@@ -980,7 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             options, uri = {}, str(work / "table")
         print(f"soak {args.storage}: {args.seconds:g} s on {uri} (work folder {work})", flush=True)
-        summary = run_soak(spark, uri, options, work / "run", seconds=args.seconds, keys=args.keys,
+        summary = run_soak(spark, uri, options, work / "run", seconds=args.seconds,
+                           max_seconds=args.max_seconds, keys=args.keys,
                            stream=not args.no_stream, retain_commits=args.retain_commits,
                            storage_name=args.storage, echo=lambda m: print(m, flush=True))
     finally:
