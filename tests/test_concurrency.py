@@ -49,8 +49,8 @@ WRITER_SCRIPT = textwrap.dedent("""
     table = nbcc.Table.open(uri)
     batches = [pq.read_table(work / f"w{writer}-c{c}.parquet") for c in range(commits)]
     (work / f"ready-{writer}").write_text("ready")
-    deadline = time.monotonic() + 240
     for c, data in enumerate(batches):
+        deadline = time.monotonic() + 240  # per gate: the whole run may take longer on a slow machine
         while not (work / f"gate-{c}").exists():
             if time.monotonic() > deadline:
                 sys.exit(f"gate {c} never opened")
@@ -99,8 +99,8 @@ def _open_gates(uri: str, work: Path, procs: list[subprocess.Popen], threads: li
     Spark jobs' run instead of all landing before Spark's first job is planned. Purely
     event-driven: if the Spark threads end early, the remaining gates open at once."""
     table = nbcc.Table.open(uri)
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S * 2
     for c in range(COMMITS_PER_WRITER):
+        deadline = time.monotonic() + BARRIER_TIMEOUT_S * 2  # per gate, as the writers wait
         while True:
             dead = [p for p in procs if p.poll() not in (None, 0)]
             assert not dead, f"a writer process failed: {dead[0].communicate()}"

@@ -62,7 +62,10 @@ RETAIN_COMMITS = 5
 CLEAN_EVERY_COMMITS = 3
 READS = "reads"  # in the work folder: one file per reader naming when its read in progress began
 READ_SLACK_S = 0.5  # for a read that began but has not said so yet when the cleaner looks
-DEADLINE_S = 240  # a hang guard only: nothing asserts how long anything takes
+DEADLINE_S = 240  # a hang guard for one stage only: nothing asserts how long anything takes
+# The hang guard of the whole run (the children's own deadline, the wait for the writers): the
+# run took 70 s on 2 busy cores and 130 s with one more busy loop, too close to DEADLINE_S.
+RUN_GUARD_S = 1200
 
 DELETED = "_nbcc_is_deleted"
 SCHEMA = pa.schema([
@@ -215,8 +218,8 @@ def _spawn(script: Path, *args: Any) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def _wait(condition, what: str, procs: list[subprocess.Popen]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
+def _wait(condition, what: str, procs: list[subprocess.Popen], guard_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + guard_s
     while not condition():
         failed = [p for p in procs if p.poll() not in (None, 0)]
         assert not failed, f"a process failed while waiting for {what}: {failed[0].communicate()}"
@@ -275,10 +278,10 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
         except BaseException as exc:  # noqa: BLE001
             errors.append((f"reader-{r}", exc))
 
-    writers = [_spawn(scripts["writer"], uri, work, w, COMMITS_PER_WRITER, DEADLINE_S)
+    writers = [_spawn(scripts["writer"], uri, work, w, COMMITS_PER_WRITER, RUN_GUARD_S)
                for w in range(PROCESS_WRITERS)]
-    compactor = _spawn(scripts["compactor"], uri, work, DEADLINE_S)
-    cleaner = _spawn(scripts["cleaner"], uri, work, RETAIN_COMMITS, CLEAN_EVERY_COMMITS, DEADLINE_S, READS,
+    compactor = _spawn(scripts["compactor"], uri, work, RUN_GUARD_S)
+    cleaner = _spawn(scripts["cleaner"], uri, work, RETAIN_COMMITS, CLEAN_EVERY_COMMITS, RUN_GUARD_S, READS,
                      READ_SLACK_S)
     procs = writers + [compactor, cleaner]
     threads = [threading.Thread(target=spark_writer, name="spark-writer", daemon=True)]
@@ -291,7 +294,7 @@ def test_writers_compaction_cleaning_and_readers_run_together(spark, tmp_path):
         go.set()
 
         _wait(lambda: all(p.poll() is not None for p in writers) and not threads[0].is_alive(),
-              "the writers to finish", procs)
+              "the writers to finish", procs, RUN_GUARD_S)
         (work / "writers-done").write_text("done")
         _wait(lambda: compactor.poll() is not None and cleaner.poll() is not None,
               "the compactor and the cleaner to finish", procs)
