@@ -174,8 +174,8 @@ class FaultyStorage(Storage):
         raw = self.faults.run("open_write", path, lambda: Storage._open_write_once(self, path))
         return _FaultySink(raw, path, self.faults, self.faults.draw("sink", path))
 
-    def _open_read_once(self, path: str) -> Any:
-        raw = self.faults.run("open_read", path, lambda: Storage._open_read_once(self, path))
+    def _open_read_once(self, path: str, size: int | None = None) -> Any:
+        raw = self.faults.run("open_read", path, lambda: Storage._open_read_once(self, path, size))
         return _FaultyReader(raw, path, self.faults)
 
     def arrow_filesystem(self):

@@ -689,6 +689,70 @@ def test_reading_a_small_s3_file_whole_is_one_request(s3_table, monkeypatch):
     assert calls == ["get_object"]
 
 
+def test_reads_and_compaction_on_s3_open_each_data_file_with_one_request(s3_table, monkeypatch):
+    # A data file's size is in its commit: opening it asked S3 for the size first (a HEAD per
+    # file), half the requests of a read of small log files, and of a compaction.
+    uri, opts = s3_table
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id", buckets=2,
+                              storage_options=opts)
+    first = table.write(pa.table({"id": pa.array([1, 2, 3, 4], pa.int64()), "v": list("abcd")}))
+    table.write(pa.table({"id": pa.array([2, 3], pa.int64()), "v": ["B", "C"]}))
+    table.delete([("id", "=", 4)])
+    first = next(i.completion for i in table.timeline() if i.instant == first)
+    calls: list[tuple[str, str]] = []
+    real = table.storage.fs._call_s3
+
+    async def counted(method, *args, **kwargs):
+        calls.append((method, kwargs.get("Key", "")))
+        return await real(method, *args, **kwargs)
+    monkeypatch.setattr(table.storage.fs, "_call_s3", counted)
+
+    def data_file_calls() -> list[tuple[str, str]]:
+        seen = [(m, k.rsplit("/", 1)[-1]) for m, k in calls if k and "/.nbcc/" not in k]
+        calls.clear()
+        return seen
+
+    def one_get_each(seen: list[tuple[str, str]]) -> None:
+        assert seen and all(m == "get_object" for m, _ in seen), seen
+        assert len({k for _, k in seen}) == len(seen), seen
+
+    assert sorted(table.read().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "v": "a"}, {"id": 2, "v": "B"}, {"id": 3, "v": "C"}]
+    one_get_each(data_file_calls())
+    assert sorted(r["id"] for r in table.read(query_type="incremental", begin=first).to_pylist()) == [2, 3]
+    one_get_each(data_file_calls())
+    assert table.read(query_type="incremental", incremental_format="cdc", begin=first).num_rows == 3
+    assert {m for m, _ in data_file_calls()} == {"get_object"}
+    assert table.compact() is not None
+    one_get_each([c for c in data_file_calls() if c[0] != "put_object"])
+    assert sorted(table.read().to_pylist(), key=lambda r: r["id"]) == [
+        {"id": 1, "v": "a"}, {"id": 2, "v": "B"}, {"id": 3, "v": "C"}]
+    one_get_each(data_file_calls())
+    # A file gone from S3 is still named as missing, now found at the first read, not at the open.
+    name = next(n for s in table.file_slices() for n in s.file_names())
+    table.storage.delete(name)
+    with pytest.raises(nbcc.DataFileError, match=f"{name} is missing"):
+        table.read()
+
+
+def test_a_write_on_s3_puts_and_deletes_its_heartbeat_once(s3_table, monkeypatch):
+    # begin_write beat and the write's heartbeat thread beat again at once; the commit deleted
+    # the heartbeat and the thread's exit deleted it again: two requests of about 40.
+    uri, opts = s3_table
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", buckets=1, storage_options=opts)
+    calls: list[tuple[str, str]] = []
+    real = table.storage.fs._call_s3
+
+    async def counted(method, *args, **kwargs):
+        calls.append((method, kwargs.get("Key", "")))
+        return await real(method, *args, **kwargs)
+    monkeypatch.setattr(table.storage.fs, "_call_s3", counted)
+    instant = table.write(pa.table({"id": pa.array([1], pa.int64())}))
+    assert [m for m, k in calls if k.endswith(f"/.nbcc/heartbeats/{instant}.json")] == ["put_object", "delete_object"]
+    assert table.storage.list_names(".nbcc/heartbeats") == []
+    assert table.read().to_pylist() == [{"id": 1}]
+
+
 def test_a_retry_stopped_by_its_deadline_reports_the_last_failure(memory_uri):
     class Failing(Storage):
         calls = 0

@@ -71,14 +71,18 @@ def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenera
         timeline = Timeline.load(storage)  # under the lock: every completion < Tc is on it
         view = table_view(storage, config, timeline, None)
         operations = []
+        info = view.file_info()
         for (partition, fg), slices in sorted(slices_by_group(storage, view).items()):
             latest = slices[0]
             if latest.base_file is None and latest.base_instant in view.pending_compactions:
                 continue  # already being compacted
             if not latest.log_files:
                 continue
+            files = ([latest.base_file] if latest.base_file else []) + list(latest.log_files)
+            sizes = {n: int(info.get((partition, n), {}).get("bytes", 0)) for n in files}
             operations.append({"partition": partition, "file_group": fg, "base_file": latest.base_file,
-                               "log_files": list(latest.log_files)})
+                               "log_files": list(latest.log_files),
+                               "bytes": {n: b for n, b in sizes.items() if b > 0}})
         if not operations:
             return None
         # Writers make their instant visible under the lock (commit.py), so this is every data
@@ -114,7 +118,7 @@ def compact_file_group(storage: Storage, config: TableConfig, tc: str, operation
             # Pieces have disjoint keys (reader.py), so "one live row per key" holds for the file
             # when it holds for every piece.
             for piece in iter_files(storage, config, schema, operation["partition"], files, compact=True,
-                                    late_after=plan.get("earliest_pending")):
+                                    late_after=plan.get("earliest_pending"), sizes=operation.get("bytes")):
                 piece = piece.cast(fschema)
                 if out is None:
                     out = parquet_writer(sink, fschema, column_encodings(fschema, piece))

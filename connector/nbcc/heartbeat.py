@@ -61,17 +61,19 @@ class Heartbeat:
     writers of an instant (a Spark task) keeps the heartbeat when it stops (`keep=True`): the
     others may still be writing, and the commit deletes it. A compaction's execution keeps it
     only when it fails (`keep_if_failed=True`), so that a failing compaction is not taken for
-    abandoned at once (compaction.abandoned_compactions)."""
+    abandoned at once (compaction.abandoned_compactions). `beat_first=False`: the caller beat
+    just now (a write's begin_write), so the first beat waits an interval."""
 
     def __init__(self, storage: Storage, instant: str, interval_s: float, keep: bool = False,
-                 keep_if_failed: bool = False):
+                 keep_if_failed: bool = False, beat_first: bool = True):
         self.storage, self.instant, self.interval_s, self.keep = storage, instant, interval_s, keep
-        self.keep_if_failed = keep_if_failed
+        self.keep_if_failed, self.beat_first = keep_if_failed, beat_first
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"nbcc-heartbeat-{instant}", daemon=True)
 
     def __enter__(self) -> "Heartbeat":
-        beat(self.storage, self.instant)
+        if self.beat_first:
+            beat(self.storage, self.instant)
         self._thread.start()
         return self
 

@@ -21,7 +21,7 @@ import contextlib
 import math
 import os
 import tempfile
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -61,12 +61,13 @@ def _fail(storage: Storage, rel: str, exc: Exception) -> DataFileError:
     )
 
 
-def _read_parquet(storage: Storage, partition: str, name: str, columns: Sequence[str]) -> pa.Table:
+def _read_parquet(storage: Storage, partition: str, name: str, columns: Sequence[str],
+                  size: int | None = None) -> pa.Table:
     """Those of `columns` the file has (a column added to the table later is absent from older
-    files)."""
+    files). `size`: its size in bytes if known (Storage.open_parquet)."""
     rel = data_file_path(partition, name)
     try:
-        with storage.open_parquet(rel) as pf:
+        with storage.open_parquet(rel, size) as pf:
             present = set(pf.schema_arrow.names)
             return pf.read(columns=[c for c in columns if c in present])
     except Exception as exc:  # noqa: BLE001 - every failure must name the file
@@ -76,13 +77,14 @@ def _read_parquet(storage: Storage, partition: str, name: str, columns: Sequence
 class _DataFile:
     """One open data file: its row count from the footer, then its rows whole or in batches.
     With `prune_by`, only the row groups whose Parquet statistics let them hold a matching row
-    are read (and counted in `rows`)."""
+    are read (and counted in `rows`). `size`: its size in bytes if known (Storage.open_parquet)."""
 
     def __init__(self, storage: Storage, partition: str, name: str, stack: contextlib.ExitStack,
-                 read_dictionary: Sequence[str] | None = None, prune_by: Sequence[Predicate] = ()):
+                 read_dictionary: Sequence[str] | None = None, prune_by: Sequence[Predicate] = (),
+                 size: int | None = None):
         self.storage, self.rel = storage, data_file_path(partition, name)
         try:
-            self.pf = stack.enter_context(storage.open_parquet(self.rel, read_dictionary=read_dictionary))
+            self.pf = stack.enter_context(storage.open_parquet(self.rel, size, read_dictionary=read_dictionary))
             self.row_groups = _row_groups_to_read(self.pf.metadata, prune_by)
         except Exception as exc:  # noqa: BLE001
             raise _fail(storage, self.rel, exc) from exc
@@ -170,7 +172,7 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
                files: Sequence[str], include_meta: bool = False, compact: bool = False,
                merged_already: bool = False, merge_rows: int | None = None,
                late_after: str | None = None, key_predicates: Sequence[Predicate] = (),
-               key_filter: pc.Expression | None = None) -> Iterator[pa.Table]:
+               key_filter: pc.Expression | None = None, sizes: Mapping[str, int] | None = None) -> Iterator[pa.Table]:
     """The merged, live records of `files` (one file group's files, in log order), in `schema`
     plus the meta columns if asked; with `compact`, what a base file keeps (merge.py). Yields
     pieces whose keys are disjoint, each sorted by key; memory follows `merge_rows`.
@@ -180,7 +182,9 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
     `_nbcc_record_key`): every file's rows are filtered by both before they merge, and the
     predicates skip the row groups whose statistics rule them out. A merge is per key and a
     key's records all pass or all fail, so this gives the merge of the whole slice restricted to
-    those keys; a point lookup then merges the few rows of its key, not the file group."""
+    those keys; a point lookup then merges the few rows of its key, not the file group.
+    `sizes`: the files' sizes in bytes where known (from their commits), by name."""
+    sizes = sizes or {}
     merge_rows = merge_rows or DEFAULT_MERGE_ROWS
     fschema = file_schema(schema)
     if not include_meta and not compact:
@@ -205,7 +209,7 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
         return rows if wanted is None or not rows.num_rows else rows.filter(wanted)
 
     with contextlib.ExitStack() as stack:
-        opened = [_DataFile(storage, partition, n, stack, [COMMIT_TIME_COL], key_predicates)
+        opened = [_DataFile(storage, partition, n, stack, [COMMIT_TIME_COL], key_predicates, sizes.get(n))
                   for n in files]
         opened = [f for f in opened if f.rows] or opened[:1]  # files whose row groups all miss
         total = sum(f.rows for f in opened)
@@ -368,20 +372,21 @@ def _read_spilled(path: str) -> pa.Table:
 def read_files(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str,
                files: Sequence[str], include_meta: bool = False, compact: bool = False,
                merged_already: bool = False, merge_rows: int | None = None,
-               key_filter: pc.Expression | None = None) -> pa.Table:
+               key_filter: pc.Expression | None = None, sizes: Mapping[str, int] | None = None) -> pa.Table:
     """`iter_files` as one table (for callers that need the whole file group at once)."""
     parts = list(iter_files(storage, config, schema, partition, files, include_meta, compact,
-                            merged_already, merge_rows, key_filter=key_filter))
+                            merged_already, merge_rows, key_filter=key_filter, sizes=sizes))
     return parts[0] if len(parts) == 1 else pa.concat_tables(parts)
 
 
 def read_columns(storage: Storage, partition: str, files: Sequence[str], columns: Sequence[str],
-                 types: pa.Schema | None = None) -> pa.Table:
+                 types: pa.Schema | None = None, sizes: Mapping[str, int] | None = None) -> pa.Table:
     """Some columns of `files`, concatenated (no merge). With `types` (fields named by
     `columns`), each file's columns are cast to them, as a merge casts them (another writer may
     store a narrower type, §4.2), and no file gives an empty table of those types; else an
-    empty table of strings."""
-    parts = [_read_parquet(storage, partition, n, columns) for n in files]
+    empty table of strings. `sizes`: as `iter_files`."""
+    sizes = sizes or {}
+    parts = [_read_parquet(storage, partition, n, columns, sizes.get(n)) for n in files]
     if types is not None:
         target = pa.schema([types.field(c) for c in columns])
         parts = [_aligned(p, target) for p in parts] or [target.empty_table()]

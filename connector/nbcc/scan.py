@@ -187,6 +187,20 @@ class ScanTask:
     merged_already: bool = False  # `files` is one base file with one live row per key
     range_only: bool = False  # incremental: `files` are the range's files, which outrank all older ones
     bytes: int = 0  # size of the files to read (to pack tasks into engine partitions)
+    # (name, bytes) of the files above whose commits recorded their size: opening a file of
+    # known size on an object store takes no request for it (Storage.open_parquet).
+    sizes: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def file_sizes(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+
+def _known_sizes(info: Mapping[tuple[str, str], Mapping[str, Any]], partition: str,
+                 names: Iterable[str]) -> tuple[tuple[str, int], ...]:
+    """(name, bytes) of those of `names` whose descriptor (commit metadata) gives a size."""
+    sizes = ((n, int(info.get((partition, n), {}).get("bytes", 0))) for n in dict.fromkeys(names))
+    return tuple((n, b) for n, b in sizes if b > 0)
 
 
 @dataclass
@@ -362,7 +376,8 @@ def _by_key_filters(config: TableConfig, index: MetadataIndex, keys: tuple, task
         return None
     single_live = len(kept) == 1 and bool(stats.info.get((task.partition, kept[0]), {}).get("live"))
     size = sum(int(stats.info.get((task.partition, n), {}).get("bytes", 0)) for n in kept)
-    return ScanTask(task.partition, task.file_group_id, tuple(kept), merged_already=single_live, bytes=size)
+    return ScanTask(task.partition, task.file_group_id, tuple(kept), merged_already=single_live, bytes=size,
+                    sizes=task.sizes)
 
 
 def _key_buckets(config: TableConfig, keys: tuple | None) -> set[str] | None:
@@ -448,7 +463,8 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
         if files and _keep(config, view.schema, options.predicates, partition, fg, files, stats, allowed):
             single_live = len(files) == 1 and bool(stats.info.get((partition, files[0]), {}).get("live"))
             size = sum(int(stats.info.get((partition, n), {}).get("bytes", 0)) for n in files)
-            task = ScanTask(partition, fg, files, merged_already=single_live, bytes=size)
+            task = ScanTask(partition, fg, files, merged_already=single_live, bytes=size,
+                            sizes=_known_sizes(stats.info, partition, files))
             if keys is not None:
                 task = _by_key_filters(config, index, keys, task, stats)
             if task is not None:
@@ -523,8 +539,9 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
             config, end_view.schema, partition, end_files or (), group_range, stats)
         files = group_range if range_only else tuple(end_files or ())
         size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files + tuple(begin_files or ()))
+        sizes = _known_sizes(info, partition, files + tuple(begin_files or ()) + group_range)
         plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, resets.of(partition),
-                                   range_only=range_only, bytes=size))
+                                   range_only=range_only, bytes=size, sizes=sizes))
     return plan
 
 
@@ -574,14 +591,14 @@ def _range_outranks_older(config: TableConfig, schema: pa.Schema, partition: str
 
 # -- running a task ----------------------------------------------------------------------------
 
-def _merged(storage: Storage, config: TableConfig, schema: pa.Schema, partition: str, files: Iterable[str],
+def _merged(storage: Storage, config: TableConfig, schema: pa.Schema, task: ScanTask, files: Iterable[str],
             keys: pa.Array | None = None) -> pa.Table:
-    """The merged records of `files` (with the meta columns if keys are matched on
-    `_nbcc_record_key`); only those whose match column value is in `keys`, if given."""
+    """The merged records of `files` (of `task`'s file group; with the meta columns if keys are
+    matched on `_nbcc_record_key`); only those whose match column value is in `keys`, if given."""
     match = _match_column(config)
     key_filter = None if keys is None else pc.field(match).isin(keys)
-    return read_files(storage, config, schema, partition, list(files), include_meta=match == RECORD_KEY_COL,
-                      key_filter=key_filter)
+    return read_files(storage, config, schema, task.partition, list(files), include_meta=match == RECORD_KEY_COL,
+                      key_filter=key_filter, sizes=task.file_sizes)
 
 
 def _with_meta(plan: ScanPlan, task: ScanTask, merged: pa.Table) -> pa.Table:
@@ -626,7 +643,7 @@ def iter_task(storage: Storage, plan: ScanPlan, task: ScanTask) -> Iterator[pa.T
     for merged in iter_files(storage, config, _columns_to_read(plan), task.partition, list(task.files),
                              include_meta=options.include_meta_columns or meta,
                              merged_already=task.merged_already, key_predicates=key_predicates,
-                             key_filter=key_filter):
+                             key_filter=key_filter, sizes=task.file_sizes):
         if options.include_meta_columns:
             merged = _with_meta(plan, task, merged)
         if expr is not None and merged.num_rows:
@@ -659,7 +676,7 @@ def _range_rows(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     """Record keys (the match column) and instants written in the range to this file group
     (none in a file group that only an overwrite in the range touched)."""
     return read_columns(storage, task.partition, task.range_files, [_match_column(plan.config), COMMIT_TIME_COL],
-                        file_schema(plan.schema))
+                        file_schema(plan.schema), task.file_sizes)
 
 
 def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:
@@ -667,7 +684,7 @@ def _touched_keys(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Array:
     match = _match_column(plan.config)
     keys = _range_rows(storage, plan, task).column(match)
     if task.reset_completion and task.begin_files:
-        before = _merged(storage, plan.config, plan.schema, task.partition, task.begin_files)
+        before = _merged(storage, plan.config, plan.schema, task, task.begin_files)
         keys = pa.chunked_array(keys.chunks + before.column(match).chunks, keys.type)
     return pc.unique(keys.combine_chunks())
 
@@ -725,9 +742,9 @@ def _read_cdc(storage: Storage, plan: ScanPlan, task: ScanTask) -> pa.Table:
     # changed, and a huge key set is cheaper to look up in the merged rows than in every file's.
     only = None if task.reset_completion or len(keys) > _PRE_MERGE_KEY_SET else keys
     columns = list(dict.fromkeys([*schema.names, match]))
-    before = _merged(storage, config, schema, task.partition, task.begin_files, only).select(columns)
+    before = _merged(storage, config, schema, task, task.begin_files, only).select(columns)
     # range_only: `files` are the range's files, which hold exactly the changed keys.
-    after = _merged(storage, config, schema, task.partition, task.files,
+    after = _merged(storage, config, schema, task, task.files,
                     None if task.range_only else only).select(columns)
     if task.reset_completion:  # an overwrite in the range changed every earlier key
         extra = pc.filter(before.column(match), pc.invert(pc.is_in(before.column(match), value_set=keys)))
