@@ -309,13 +309,14 @@ def test_a_write_whose_tidying_fails_still_returns_its_commit(memory_uri):
     ref = Ref()
     faults = Faults()
     attempts = FaultyStorage.RETRY_ATTEMPTS
-    # The commit's own tidying stops at its first failed delete, before the heartbeat's (which
-    # only the commit deletes once the write's heartbeat thread stopped).
+    # The commit's own tidying stops at its first failed delete; the heartbeat thread's exit
+    # then fails to delete the heartbeat too.
     faults.plan("delete", *[BEFORE] * attempts, where=r"\.inflight$")
+    faults.plan("delete", *[BEFORE] * attempts, where=r"heartbeats/")
     data, rows = ref.batch([0, 1, 41], "untidy")
     instant = faulty_table(table, faults).write(data)
     ref.apply(rows)
-    assert faults.injected == {("delete", BEFORE): attempts}  # the tidying did fail
+    assert faults.injected == {("delete", BEFORE): 2 * attempts}  # the tidying did fail
     assert snapshot(table) == ref.expected()
     assert [i.state for i in table.timeline() if i.instant == instant] == ["completed"]
     left = [n for n in table.storage.list_names(".nbcc/timeline") if n.startswith(f"{instant}.")]

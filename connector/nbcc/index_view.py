@@ -160,7 +160,7 @@ def _read_kinds(mdt: Any, kinds: Iterable[str], columns: Iterable[str] | None = 
         for t in tasks:
             for n in t.files:
                 if n not in known:  # only files new since the list read last
-                    known[n] = read_columns(storage, t.partition, [n], names).select(names)
+                    known[n] = read_columns(storage, t.partition, [n], names, sizes=t.file_sizes).select(names)
             rows = pa.concat_tables([known[n] for n in t.files]) if t.files else None
             if rows is not None and not t.merged_already:  # files in log order: merge by key
                 rows = merge_records(rows, config.record_key, None, config.merge_mode)

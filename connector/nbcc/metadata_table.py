@@ -208,7 +208,8 @@ def entries(storage: Storage, metadata: Mapping[str, Any], kinds: Sequence[str])
                         "nulls": [_count(s.get("nulls")) for s in st], "ranges": ["min" in s for s in st]})
         if KEY_FILTERS in kinds:
             try:
-                keys = read_columns(storage, f["partition"], [f["name"]], [RECORD_KEY_COL]).column(RECORD_KEY_COL)
+                keys = read_columns(storage, f["partition"], [f["name"]], [RECORD_KEY_COL],
+                                    sizes={f["name"]: int(f.get("bytes", 0))}).column(RECORD_KEY_COL)
             except NbccError as exc:
                 if not storage.exists(f"{f['partition']}/{f['name']}" if f["partition"] else f["name"]):
                     continue  # deleted by a clean: no read will open it

@@ -507,13 +507,25 @@ class Storage:
         no caller has to remember to; `options` go to pq.ParquetFile. `size`: the file's size in
         bytes, as its commit recorded it, which spares an object store the request that asks
         for it (a HEAD per file: half the requests of a read of small log files)."""
+        path = self.full_path(rel)
         if size and not self.is_local:
-            path = self.full_path(rel)
             raw = self._retry("open for reading", path, lambda: self._open_read_once(path, size))
             source = pa.PythonFile(_RetryingReader(self, path, raw), mode="r")
-        else:
-            source = self.arrow_filesystem().open_input_file(self.full_path(rel))
-        with source:
+            try:
+                pf = _ParquetFile(source, self.arrow_threads, **options)
+            except Exception as exc:  # noqa: BLE001 - any but a missing file or a storage failure
+                source.close()
+                if is_not_found(exc) or isinstance(exc, StorageError):
+                    raise
+                # A file another writer described wrongly, or put back by hand: its content
+                # counts, not the size on record.
+                log.warning("%s is not a Parquet file of %d bytes, the size its commit recorded (%s); "
+                            "reading it at the size the store gives", path, size, exc)
+            else:
+                with source:
+                    yield pf
+                return
+        with self.arrow_filesystem().open_input_file(path) as source:
             yield _ParquetFile(source, self.arrow_threads, **options)
 
     def read_parquet(self, rel: str) -> pa.Table:

@@ -440,10 +440,8 @@ class Table:
                                type_widening=given.get(TYPE_WIDENING, False))
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
-            # begin_write beat, and the commit or the rollback below deletes the heartbeat: on S3
-            # that is a request less each.
-            with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s),
-                           keep=True, beat_first=False):
+            # begin_write beat just now (on S3, a request less).
+            with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s), beat_first=False):
                 try:
                     for rows in (pieces if by_file_group else coalesced(pieces)):
                         prepared = prepare(rows, self.config, txn.schema, operation)
