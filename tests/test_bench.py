@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +51,15 @@ def test_every_benchmark_scenario_runs_and_reports(spark, bench_module, tmp_path
     rows = [line for line in report.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert [line.split("|")[1].strip() for line in rows] == list(run.SCENARIOS)
     assert analysis.strip()
+
+
+def test_the_s3_request_count_runs_and_finds_no_request_for_a_data_files_size():
+    # bench/s3_requests.py, at a tiny size: its four measurements, and none of them asks S3 for
+    # a file's size (format.md files[].bytes: data files are opened at their recorded size).
+    out = subprocess.run([sys.executable, str(BENCH / "s3_requests.py"), "--commits", "2", "--buckets", "2"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        "snapshot read (2 commits x 2 file groups)", "point lookup", "compaction", "snapshot read after compaction"]
+    assert all("'get_object'" in line and "head_object" not in line for line in lines), lines
