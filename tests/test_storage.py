@@ -735,6 +735,21 @@ def test_reads_and_compaction_on_s3_open_each_data_file_with_one_request(s3_tabl
         table.read()
 
 
+def test_a_file_group_whose_files_open_at_once_names_the_first_missing_one(memory_uri):
+    # Off local disk a file group's files open at once (reader._open_files): a failure must
+    # still name the file, the first one of the group that fails, and leave nothing open.
+    table = nbcc.Table.create(memory_uri, pa.schema([("id", pa.int64()), ("v", pa.string())]), "id", buckets=1)
+    for n in range(6):
+        table.write(pa.table({"id": pa.array([n, n + 1], pa.int64()), "v": [str(n)] * 2}))
+    assert table.read().num_rows == 7
+    names = [n for s in table.file_slices() for n in s.file_names()]
+    assert len(names) == 6
+    for gone in (names[4], names[1]):
+        table.storage.delete(gone)
+        with pytest.raises(nbcc.DataFileError, match=f"{gone} is missing"):
+            table.read()
+
+
 def test_a_parquet_file_whose_recorded_size_is_wrong_is_read_at_its_actual_size(s3_table, caplog):
     uri, opts = s3_table
     st = Storage(uri, opts)

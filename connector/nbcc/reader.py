@@ -114,6 +114,41 @@ class _DataFile:
             raise _fail(self.storage, self.rel, exc) from exc
 
 
+# Files of one file group opened at once on an object store, where opening a small log file is
+# one request of tens of ms (its footer read, which fetches all of a small file).
+_OPEN_THREADS = 8
+
+
+def _open_files(storage: Storage, partition: str, files: Sequence[str], stack: contextlib.ExitStack,
+                key_predicates: Sequence[Predicate], sizes: Mapping[str, int]) -> list[_DataFile]:
+    """`_DataFile`s of `files`, in their order, closed with `stack`. Local files one after the
+    other (an open is a system call); others up to _OPEN_THREADS at a time. If one fails, those
+    opened are closed and the first failure in file order is raised."""
+    def open_one(name: str, into: contextlib.ExitStack) -> _DataFile:
+        return _DataFile(storage, partition, name, into, [COMMIT_TIME_COL], key_predicates, sizes.get(name))
+
+    if storage.is_local or len(files) < 2:
+        return [open_one(n, stack) for n in files]
+    from concurrent.futures import ThreadPoolExecutor
+
+    def opened_alone(name: str) -> tuple[_DataFile | None, contextlib.ExitStack, BaseException | None]:
+        own = contextlib.ExitStack()
+        try:
+            return open_one(name, own), own, None
+        except BaseException as exc:  # noqa: BLE001 - raised below, in file order
+            own.close()
+            return None, own, exc
+
+    with ThreadPoolExecutor(max_workers=min(_OPEN_THREADS, len(files)), thread_name_prefix="nbcc-open") as pool:
+        results = list(pool.map(opened_alone, files))
+    for _, own, _ in results:
+        stack.enter_context(own)  # each file closes with the stack, opened or not
+    failure = next((exc for _, _, exc in results if exc is not None), None)
+    if failure is not None:
+        raise failure
+    return [f for f, _, _ in results if f is not None]
+
+
 def _row_groups_to_read(metadata: pq.FileMetaData, predicates: Sequence[Predicate]) -> list[int] | None:
     """The row groups that may hold a row matching every predicate, judged from their Parquet
     statistics (min, max, null count) as `Predicate.may_match` judges a file from nbcc's own;
@@ -209,8 +244,7 @@ def iter_files(storage: Storage, config: TableConfig, schema: pa.Schema, partiti
         return rows if wanted is None or not rows.num_rows else rows.filter(wanted)
 
     with contextlib.ExitStack() as stack:
-        opened = [_DataFile(storage, partition, n, stack, [COMMIT_TIME_COL], key_predicates, sizes.get(n))
-                  for n in files]
+        opened = _open_files(storage, partition, files, stack, key_predicates, sizes)
         opened = [f for f in opened if f.rows] or opened[:1]  # files whose row groups all miss
         total = sum(f.rows for f in opened)
         if merged_already:
