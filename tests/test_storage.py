@@ -689,6 +689,18 @@ def test_reading_a_small_s3_file_whole_is_one_request(s3_table, monkeypatch):
     assert calls == ["get_object"]
 
 
+def _s3_calls(storage: Storage, monkeypatch) -> list[tuple[str, str]]:
+    """The (method, key) of every S3 request `storage` sends from now on, as they are sent."""
+    calls: list[tuple[str, str]] = []
+    real = storage.fs._call_s3
+
+    async def counted(method, *args, **kwargs):
+        calls.append((method, kwargs.get("Key", "")))
+        return await real(method, *args, **kwargs)
+    monkeypatch.setattr(storage.fs, "_call_s3", counted)
+    return calls
+
+
 def test_reads_and_compaction_on_s3_open_each_data_file_with_one_request(s3_table, monkeypatch):
     # A data file's size is in its commit: opening it asked S3 for the size first (a HEAD per
     # file), half the requests of a read of small log files, and of a compaction.
@@ -699,13 +711,7 @@ def test_reads_and_compaction_on_s3_open_each_data_file_with_one_request(s3_tabl
     table.write(pa.table({"id": pa.array([2, 3], pa.int64()), "v": ["B", "C"]}))
     table.delete([("id", "=", 4)])
     first = next(i.completion for i in table.timeline() if i.instant == first)
-    calls: list[tuple[str, str]] = []
-    real = table.storage.fs._call_s3
-
-    async def counted(method, *args, **kwargs):
-        calls.append((method, kwargs.get("Key", "")))
-        return await real(method, *args, **kwargs)
-    monkeypatch.setattr(table.storage.fs, "_call_s3", counted)
+    calls = _s3_calls(table.storage, monkeypatch)
 
     def data_file_calls() -> list[tuple[str, str]]:
         seen = [(m, k.rsplit("/", 1)[-1]) for m, k in calls if k and "/.nbcc/" not in k]
@@ -769,13 +775,7 @@ def test_a_write_on_s3_puts_its_heartbeat_once(s3_table, monkeypatch):
     # begin_write beat, and the write's heartbeat thread beat again at once: a request of about 40.
     uri, opts = s3_table
     table = nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", buckets=1, storage_options=opts)
-    calls: list[tuple[str, str]] = []
-    real = table.storage.fs._call_s3
-
-    async def counted(method, *args, **kwargs):
-        calls.append((method, kwargs.get("Key", "")))
-        return await real(method, *args, **kwargs)
-    monkeypatch.setattr(table.storage.fs, "_call_s3", counted)
+    calls = _s3_calls(table.storage, monkeypatch)
     instant = table.write(pa.table({"id": pa.array([1], pa.int64())}))
     assert [m for m, k in calls if k.endswith(f"/.nbcc/heartbeats/{instant}.json")][:1] == ["put_object"]
     assert [m for m, k in calls if k.endswith(f"/.nbcc/heartbeats/{instant}.json")].count("put_object") == 1
