@@ -289,10 +289,15 @@ def _lines(path: Path) -> int:
     return path.read_bytes().count(b"\n") if path.exists() else 0
 
 
-def _quiet_clean_done(path: Path) -> bool:
-    """Whether the cleaner's log (which it may be appending to) has a run on the quiet table."""
+def _appended_records(path: Path) -> list[dict[str, Any]]:
+    """The complete records of a JSON-lines log another process may be appending to."""
     text = path.read_text() if path.exists() else ""
-    return any(json.loads(line).get("quiet") for line in text.split("\n")[:-1] if line.strip())
+    return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+
+
+def _quiet_clean_done(path: Path) -> bool:
+    """Whether the cleaner's log has a run on the quiet table."""
+    return any(r.get("quiet") for r in _appended_records(path))
 
 
 def _append(path: Path, record: dict[str, Any]) -> None:
@@ -620,9 +625,7 @@ def _parts_missing(work: Path, streamer: "StreamWriter | None", readers: list["R
     """What the run has not seen yet of the work every writer, service and reader must do (what
     the end checks ask for), from the processes' logs, which they may be appending to."""
     def records(name: str) -> list[dict[str, Any]]:
-        path = work / f"{name}.jsonl"
-        text = path.read_text() if path.exists() else ""
-        return [json.loads(line) for line in text.split("\n")[:-1] if line.strip()]
+        return _appended_records(work / f"{name}.jsonl")
 
     missing = [f"writer-{w} to commit" for w in range(WRITERS)
                if not any(r["ok"] for r in records(f"writer-{w}"))]

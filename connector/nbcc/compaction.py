@@ -47,7 +47,7 @@ from .timeline import (
     is_completed,
     read_compaction_plan,
 )
-from .view import slices_by_group, table_view
+from .view import known_sizes, slices_by_group, table_view
 from .writer import column_encodings, parquet_writer, update_stats
 
 log = logging.getLogger(__name__)
@@ -79,10 +79,8 @@ def schedule_compaction(storage: Storage, config: TableConfig, clock: TimeGenera
             if not latest.log_files:
                 continue
             files = ([latest.base_file] if latest.base_file else []) + list(latest.log_files)
-            sizes = {n: int(info.get((partition, n), {}).get("bytes", 0)) for n in files}
             operations.append({"partition": partition, "file_group": fg, "base_file": latest.base_file,
-                               "log_files": list(latest.log_files),
-                               "bytes": {n: b for n, b in sizes.items() if b > 0}})
+                               "log_files": list(latest.log_files), "bytes": known_sizes(info, partition, files)})
         if not operations:
             return None
         # Writers make their instant visible under the lock (commit.py), so this is every data

@@ -57,6 +57,7 @@ from .storage import Storage
 from .timeline import DATA_ACTIONS, OVERWRITES, Timeline, earliest_retained, read_commit_metadata
 from .view import (
     TableView,
+    known_sizes,
     check_readable,
     earliest_begin,
     overwrite_cutoffs,
@@ -196,11 +197,12 @@ class ScanTask:
         return dict(self.sizes)
 
 
-def _known_sizes(info: Mapping[tuple[str, str], Mapping[str, Any]], partition: str,
-                 names: Iterable[str]) -> tuple[tuple[str, int], ...]:
-    """(name, bytes) of those of `names` whose descriptor (commit metadata) gives a size."""
-    sizes = ((n, int(info.get((partition, n), {}).get("bytes", 0))) for n in dict.fromkeys(names))
-    return tuple((n, b) for n, b in sizes if b > 0)
+def _task(partition: str, fg: str, files: tuple[str, ...], sizes: dict[str, int],
+          begin_files: tuple[str, ...] = (), **fields: Any) -> ScanTask:
+    """A ScanTask whose `bytes` (of `files` and `begin_files`) and `sizes` come from `sizes`
+    (view.known_sizes of every file it may open)."""
+    return ScanTask(partition, fg, files, begin_files, bytes=sum(sizes.get(n, 0) for n in files + begin_files),
+                    sizes=tuple(sizes.items()), **fields)
 
 
 @dataclass
@@ -375,9 +377,7 @@ def _by_key_filters(config: TableConfig, index: MetadataIndex, keys: tuple, task
     if not kept:
         return None
     single_live = len(kept) == 1 and bool(stats.info.get((task.partition, kept[0]), {}).get("live"))
-    size = sum(int(stats.info.get((task.partition, n), {}).get("bytes", 0)) for n in kept)
-    return ScanTask(task.partition, task.file_group_id, tuple(kept), merged_already=single_live, bytes=size,
-                    sizes=task.sizes)
+    return _task(task.partition, task.file_group_id, tuple(kept), task.file_sizes, merged_already=single_live)
 
 
 def _key_buckets(config: TableConfig, keys: tuple | None) -> set[str] | None:
@@ -462,9 +462,7 @@ def plan_scan(storage: Storage, config: TableConfig, options: ReadOptions, timel
         files = files_to_merge(slices, options.query_type == READ_OPTIMIZED, view.pending_compactions)
         if files and _keep(config, view.schema, options.predicates, partition, fg, files, stats, allowed):
             single_live = len(files) == 1 and bool(stats.info.get((partition, files[0]), {}).get("live"))
-            size = sum(int(stats.info.get((partition, n), {}).get("bytes", 0)) for n in files)
-            task = ScanTask(partition, fg, files, merged_already=single_live, bytes=size,
-                            sizes=_known_sizes(stats.info, partition, files))
+            task = _task(partition, fg, files, known_sizes(stats.info, partition, files), merged_already=single_live)
             if keys is not None:
                 task = _by_key_filters(config, index, keys, task, stats)
             if task is not None:
@@ -538,10 +536,10 @@ def _plan_incremental(storage: Storage, config: TableConfig, options: ReadOption
         range_only = not resets.of(partition) and _range_outranks_older(
             config, end_view.schema, partition, end_files or (), group_range, stats)
         files = group_range if range_only else tuple(end_files or ())
-        size = sum(int(info.get((partition, n), {}).get("bytes", 0)) for n in files + tuple(begin_files or ()))
-        sizes = _known_sizes(info, partition, files + tuple(begin_files or ()) + group_range)
-        plan.tasks.append(ScanTask(partition, fg, files, tuple(begin_files or ()), group_range, resets.of(partition),
-                                   range_only=range_only, bytes=size, sizes=sizes))
+        begin_files = tuple(begin_files or ())
+        sizes = known_sizes(info, partition, files + begin_files + group_range)
+        plan.tasks.append(_task(partition, fg, files, sizes, begin_files, range_files=group_range,
+                                reset_completion=resets.of(partition), range_only=range_only))
     return plan
 
 

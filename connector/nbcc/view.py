@@ -89,6 +89,14 @@ class TableView:
         return {(f["partition"], f["name"]): f for meta in self.metas.values() for f in meta["files"]}
 
 
+def known_sizes(info: Mapping[tuple[str, str], Mapping[str, Any]], partition: str,
+                names: Iterable[str]) -> dict[str, int]:
+    """name -> bytes of those of `names` (files of `partition`) whose descriptor (`file_info`)
+    gives a size: such a file opens on an object store without a request for it."""
+    sizes = {n: int(info.get((partition, n), {}).get("bytes", 0)) for n in names}
+    return {n: b for n, b in sizes.items() if b > 0}
+
+
 def table_view(storage: Storage, config: TableConfig, timeline: Timeline, as_of: str | None,
                index: MetadataIndex | None = None) -> TableView:
     """The table as of `as_of`. With an `index` whose `files` partition is ready, the schema and
