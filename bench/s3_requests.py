@@ -1,12 +1,13 @@
-"""S3 requests and time of the reads and the compaction of a merge-on-read table, on moto S3 (a
+"""S3 requests and time of the reads, compaction, clean and writes of a merge-on-read table, on moto S3 (a
 server process of its own on loopback, as bench/run.py's scenario 8).
 
     python bench/s3_requests.py                     # the installed nbcc
     PYTHONPATH=/other/checkout/connector python bench/s3_requests.py   # another version, to compare
 
 Builds a table of `--buckets` file groups with `--commits` upserts of 2,000 rows each, then
-prints, for a snapshot read, a point lookup (medians of 5), a compaction and a read of the
-compacted table, the seconds taken and the requests sent by kind. Request counts do not depend on
+prints, for a snapshot read, a point lookup (medians of 5), a compaction, a read of the
+compacted table, an upsert (median of 5) and a clean, the seconds taken and the requests sent by
+kind. Request counts do not depend on
 the machine; moto answers in a few ms where S3 takes tens, so on S3 the request counts weigh more.
 """
 
@@ -63,6 +64,12 @@ def main() -> None:
         measure("point lookup", lambda: table.read(filter=[("id", "=", 5)]))
         measure("compaction", table.compact, repeats=1)
         measure("snapshot read after compaction", table.read)
+        writes = iter(range(args.commits, args.commits + 5))
+        measure("upsert of 2,000 rows", lambda: table.write(pa.table({
+            "id": rng.integers(0, 20_000, 2_000), "ts": np.full(2_000, next(writes)),
+            "p": pa.array(["w"] * 2_000)})))
+        # The upserts started new file slices: the log files compaction replaced are not needed.
+        measure("clean of the log files compaction replaced", lambda: table.clean(retain_commits=1), repeats=1)
 
 
 if __name__ == "__main__":

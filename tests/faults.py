@@ -28,8 +28,13 @@ BEFORE, AFTER = "before", "after"
 # Operations, as `Faults` names them. Reads of data files go through pyarrow: "open_read" opens
 # one, "read_data" is one read call in it. "sink" is a data file being written: it fails on its
 # first write (before) or on its close, once its content is out (after).
-OPS = ("put", "replace", "read", "list", "exists", "delete", "open_write", "sink", "open_read", "read_data")
-_CHANGES = {"put", "replace", "delete", "sink"}  # can fail after taking effect
+# "delete_many" is one S3 DeleteObjects request.
+OPS = ("put", "replace", "read", "list", "exists", "delete", "delete_many", "open_write", "sink", "open_read",
+       "read_data")
+_CHANGES = {"put", "replace", "delete", "delete_many", "sink"}  # can fail after taking effect
+# A planned outcome of "delete_many": S3 answers, deleting every file but the first, which its
+# answer lists among its errors (an InternalError or AccessDenied for one key).
+PARTLY = "partly"
 
 
 def transient_error(op: str, path: str, when: str, rng: random.Random) -> OSError:
@@ -115,7 +120,10 @@ class Faults:
 
     def run(self, op: str, path: str, call: Callable[[], Any]) -> Any:
         """`call()` (the real operation), failing as drawn."""
-        outcome = self.draw(op, path)
+        return self.apply(self.draw(op, path), op, path, call)
+
+    def apply(self, outcome: Any, op: str, path: str, call: Callable[[], Any]) -> Any:
+        """`call()`, failing as `outcome` (drawn) says."""
         if isinstance(outcome, Stall):
             outcome.hold()
             outcome = None
@@ -169,6 +177,12 @@ class FaultyStorage(Storage):
 
     def _delete_once(self, path: str) -> None:
         return self.faults.run("delete", path, lambda: Storage._delete_once(self, path))
+
+    def _delete_batch_once(self, paths: list[str]) -> list[str]:
+        outcome = self.faults.draw("delete_many", paths[0])
+        if outcome == PARTLY:
+            return [paths[0], *(Storage._delete_batch_once(self, paths[1:]) if paths[1:] else [])]
+        return self.faults.apply(outcome, "delete_many", paths[0], lambda: Storage._delete_batch_once(self, paths))
 
     def _open_write_once(self, path: str) -> Any:
         raw = self.faults.run("open_write", path, lambda: Storage._open_write_once(self, path))

@@ -6,6 +6,7 @@ itself (scenario 10 refuses to time nbcc and deltalake reads that return differe
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
 import subprocess
@@ -54,12 +55,16 @@ def test_every_benchmark_scenario_runs_and_reports(spark, bench_module, tmp_path
 
 
 def test_the_s3_request_count_runs_and_finds_no_request_for_a_data_files_size():
-    # bench/s3_requests.py, at a tiny size: its four measurements, and none of them asks S3 for
+    # bench/s3_requests.py, at a tiny size: its six measurements, and none of them asks S3 for
     # a file's size (format.md files[].bytes: data files are opened at their recorded size).
     out = subprocess.run([sys.executable, str(BENCH / "s3_requests.py"), "--commits", "2", "--buckets", "2"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert [line.split(":")[0] for line in lines] == [
-        "snapshot read (2 commits x 2 file groups)", "point lookup", "compaction", "snapshot read after compaction"]
-    assert all("'get_object'" in line and "head_object" not in line for line in lines), lines
+        "snapshot read (2 commits x 2 file groups)", "point lookup", "compaction", "snapshot read after compaction",
+        "upsert of 2,000 rows", "clean of the log files compaction replaced"]
+    assert all("head_object" not in line for line in lines), lines
+    assert all("'get_object'" in line for line in lines[:4]), lines
+    clean = ast.literal_eval(lines[5][lines[5].index("{"):])
+    assert clean["delete_objects"] == 1 and clean.get("delete_object", 0) <= 1, lines  # not one per file

@@ -296,8 +296,7 @@ def test_lock_state_files_are_collected_after_many_acquisitions(local_table):
             times.append(grant.time)
     # Each acquisition and each release writes one state file: 300 without collection.
     assert len(_all_files(uri)) < 40
-    # Writers that only ask for instant times (they never take the lock) leave state files
-    # behind; the next lock release collects them.
+    # Writers that only ask for instant times (they never take the lock) collect too.
     for _ in range(150):
         times.append(gen.new_instant())
     with gen.locked() as grant:
@@ -449,28 +448,58 @@ def test_a_waiter_opened_with_a_shorter_lease_waits_out_the_holders(memory_uri, 
         TimeGenerator(Storage(memory_uri), lease_ms=1000, timeout_ms=2_000).new_instant()
 
 
-def test_a_release_followed_at_once_by_the_next_holder_is_not_reported_as_a_takeover(memory_uri, caplog):
-    # The next waiter may swap in its state as soon as the release lands, before the releasing
-    # process looks at the lock again: that is the lock working, not a takeover.
-    from faults import Faults, FaultyStorage, Stall
-    faults = Faults()
-    holder = TimeGenerator(FaultyStorage(memory_uri, faults=faults), lease_ms=60_000)
-    other = TimeGenerator(Storage(memory_uri), lease_ms=60_000, timeout_ms=10_000)
-    stall = Stall()
-    done = threading.Event()
+def _lock_seqs(st: Storage) -> list[int]:
+    return sorted(int(n.split(".")[0]) for n in st.list_names(".nbcc/lock"))
 
-    def hold():
-        with holder.locked():
-            faults.plan("list", stall, where=r"/\.nbcc/lock$")  # the first look after the release's put
-        done.set()
-    thread = threading.Thread(target=hold, daemon=True)
+
+def test_a_process_alone_on_a_table_swaps_without_reading_the_lock(memory_uri):
+    # Each swap starts from the free state this process installed last: a put and the list that
+    # checks no later state exists; a release is one put. Reading the state is for contention.
+    from faults import Faults, FaultyStorage
+    faults = Faults()
+    gen = TimeGenerator(FaultyStorage(memory_uri, faults=faults))
+    gen.new_instant()
+    faults.calls.clear()
+    with gen.locked():
+        pass
+    gen.new_instant()
+    assert dict(faults.calls) == {"put": 3, "list": 2}
+
+
+@pytest.mark.parametrize("others", [1, 3 * 8 + 5])  # the slot taken; the slot taken and collected
+def test_a_process_whose_last_state_others_moved_past_reads_the_lock_again(memory_uri, caplog, others):
+    # The slot after this process's release holds another's state, or held one that was
+    # collected since: its put lands there, the listing after it shows later states, and the
+    # swap reads the lock and goes on from the current state.
+    a, b = TimeGenerator(Storage(memory_uri)), TimeGenerator(Storage(memory_uri))
     with caplog.at_level(logging.WARNING, logger="nbcc.clock"):
-        thread.start()
-        assert stall.entered.wait(10)
-        issued = other.new_instant()  # the next process swaps right after the release landed
-        stall.release()
-        assert done.wait(10)
-    assert issued > format_time(0) and "taken over" not in caplog.text, caplog.text
+        with a.locked() as first:
+            pass
+        b_times = [b.new_instant() for _ in range(others)]
+        with a.locked() as second:
+            pass
+        after = b.new_instant()
+    assert first.time < b_times[0] and b_times[-1] < second.time < after
+    assert "taken over" not in caplog.text, caplog.text
+    assert _lock_seqs(Storage(memory_uri))[-1] == second.state.seq + 2  # a's release, then b's instant
+
+
+def test_lock_states_left_behind_are_collected_once_a_listing_finds_them(memory_uri):
+    # A collector that failed leaves old states; the next process that lists them deletes them.
+    st = Storage(memory_uri)
+    gen = TimeGenerator(st)
+    for _ in range(60):
+        gen.new_instant()
+    for seq in range(3, 20):  # as a crashed collector (or a lost swap in a collected slot) leaves them
+        st.put_if_absent(f".nbcc/lock/{seq:020d}.json", json.dumps(
+            {"seq": seq, "holder": None, "lease_until_ms": 0, "last_time_ms": 1}).encode())
+    other = TimeGenerator(Storage(memory_uri))
+    with other.locked():  # it lists, so it finds them; it deletes them once it released the lock
+        pass
+    seqs = _lock_seqs(st)
+    assert seqs[0] >= seqs[-1] - 3 * 8 and len(seqs) <= 3 * 8, seqs
+    issued = other.new_instant()
+    assert gen.new_instant() > issued  # nothing that issued times went
 
 
 def test_a_long_wait_for_the_lock_names_its_holder_once(memory_uri, monkeypatch, caplog):

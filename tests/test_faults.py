@@ -89,9 +89,9 @@ def commit_(self, files, extra=None, **more):
     return real_commit(self, files, extra, **more)
 commit.WriteTransaction.commit = commit_
 
-def remove_pending_files(storage_, instant, action):  # runs once the completed file exists
+def pending_files(instant, action):  # runs once the completed file exists, to tidy
     stall(instant)
-commit.remove_pending_files = remove_pending_files
+commit.pending_files = pending_files
 
 table.write(pa.Table.from_pylist(rows, schema=schema), max_log_file_bytes=1)
 sys.exit("the write finished although it was meant to stall")
@@ -330,6 +330,28 @@ def test_a_write_whose_tidying_fails_still_returns_its_commit(memory_uri):
     table.archive(retain_commits=1)
     assert [n for n in table.storage.list_names(".nbcc/timeline") if n.startswith(instant)] == []
     assert snapshot(table) == ref.expected()
+
+
+def test_a_clean_keeps_the_heartbeat_of_a_write_that_began_while_it_ran(memory_uri):
+    # A clean deletes the heartbeats of writes no longer pending. It listed the timeline before
+    # the heartbeats: a write that began between the two had its heartbeat deleted at once.
+    table = new_table(memory_uri)
+    ref = Ref()
+    for tag in ("a", "b"):
+        ref.write(table, [1, 2], tag)
+    table.compact()
+    ref.write(table, [1], "c")  # the log files compaction replaced: a clean that deletes them
+    faults = Faults()
+    stall = Stall()
+    faults.plan("list", stall, where=r"/\.nbcc/heartbeats$")
+    cleaner, out = in_thread(lambda: faulty_table(table, faults).clean(retain_commits=1))
+    assert stall.entered.wait(10)
+    txn = table.begin_write(table.schema())  # its requested file, then its heartbeat
+    stall.release()
+    cleaner.join(30)
+    assert "error" not in out and out["value"]["deleted"] and out["value"]["rolled_back"] == []
+    assert table.storage.list_names(".nbcc/heartbeats") == [f"{txn.instant}.json"]
+    txn.rollback(reason="the test is over")
 
 
 class _Interleaved(FaultyStorage):

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import nbcc
-from faults import AFTER, BEFORE, FaultyStorage
+from faults import AFTER, BEFORE, PARTLY, Faults, FaultyStorage
 from nbcc.errors import InvalidOptionError, StorageError, TableExistsError
 from nbcc.storage import Storage, is_transient
 
@@ -689,13 +689,19 @@ def test_reading_a_small_s3_file_whole_is_one_request(s3_table, monkeypatch):
     assert calls == ["get_object"]
 
 
-def _s3_calls(storage: Storage, monkeypatch) -> list[tuple[str, str]]:
-    """The (method, key) of every S3 request `storage` sends from now on, as they are sent."""
+def _s3_calls(storage: Storage, monkeypatch, lists: bool = False) -> list[tuple[str, str]]:
+    """The (method, key) of every S3 request `storage` sends from now on, as they are sent: a
+    DeleteObjects with its first key; with `lists`, a listing with its prefix."""
     calls: list[tuple[str, str]] = []
     real = storage.fs._call_s3
 
     async def counted(method, *args, **kwargs):
-        calls.append((method, kwargs.get("Key", "")))
+        key = kwargs.get("Key", "")
+        if method == "delete_objects":
+            key = kwargs["Delete"]["Objects"][0]["Key"]
+        elif lists and method == "list_objects_v2":
+            key = kwargs.get("Prefix", "")
+        calls.append((method, key))
         return await real(method, *args, **kwargs)
     monkeypatch.setattr(storage.fs, "_call_s3", counted)
     return calls
@@ -781,6 +787,64 @@ def test_a_write_on_s3_puts_its_heartbeat_once(s3_table, monkeypatch):
     assert [m for m, k in calls if k.endswith(f"/.nbcc/heartbeats/{instant}.json")].count("put_object") == 1
     assert table.storage.list_names(".nbcc/heartbeats") == []
     assert table.read().to_pylist() == [{"id": 1}]
+
+
+def _put_files(st: Storage, names: list[str]) -> None:
+    for name in names:
+        st.put_if_absent(name, name.encode())
+
+
+def test_delete_many_on_s3_deletes_a_batch_with_one_request(s3_table, monkeypatch):
+    uri, opts = s3_table
+    st = Storage(uri, opts)
+    doomed = [f"p=1/f{i}.parquet" for i in range(5)] + [f"p=2/g{i}.parquet" for i in range(2)]
+    _put_files(st, [*doomed, "p=1/kept.parquet"])
+    monkeypatch.setattr(nbcc.storage, "_DELETE_BATCH", 3)
+    calls = _s3_calls(st, monkeypatch)
+    st.delete_many([*doomed, "p=1/never-written.parquet"])  # a missing file is no error, as with delete
+    assert [m for m, _ in calls] == ["delete_objects"] * 3
+    assert st.list_names("p=1") == ["kept.parquet"] and st.list_names("p=2") == []
+
+
+def test_delete_many_deletes_again_one_by_one_what_s3_failed_to_delete(s3_table, monkeypatch):
+    # S3 answers a DeleteObjects with the keys it failed to delete (an InternalError for one key,
+    # an object it may not delete): those are deleted again, and an error that lasts is raised.
+    uri, opts = s3_table
+    faults = Faults()
+    st = FaultyStorage(uri, opts, faults)
+    names = [f"d/f{i}" for i in range(4)]
+    _put_files(st, names)
+    faults.plan("delete_many", PARTLY)
+    st.delete_many(names)
+    assert st.list_names("d") == [] and faults.calls["delete"] == 1
+    _put_files(st, names)
+    faults.plan("delete_many", PARTLY).plan("delete", PermissionError(errno.EACCES, "AccessDenied"))
+    with pytest.raises(StorageError, match=r"delete .*/d/f0 failed: access denied"):
+        st.delete_many(names)
+    assert st.list_names("d") == ["f0"]
+
+
+def test_a_write_on_s3_takes_the_table_lock_without_reading_it_and_deletes_in_bulk(s3_table, monkeypatch):
+    # A writer alone on a table knows the lock's state (it released it): each swap is a put and a
+    # list, a release one put, and old states go without a listing. The commit's requested,
+    # inflight and heartbeat files go in one request (the heartbeat thread deletes its file once
+    # more as it stops: a late beat may have put it back).
+    uri, opts = s3_table
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", buckets=1, storage_options=opts)
+    table.write(pa.table({"id": pa.array([0], pa.int64())}))
+    calls = _s3_calls(table.storage, monkeypatch, lists=True)
+    for n in range(1, 9):  # 32 lock states: old ones are collected 3 or 4 times
+        table.write(pa.table({"id": pa.array([n], pa.int64())}))
+    lock = [m for m, k in calls if "/.nbcc/lock/" in k]
+    assert sorted(set(lock)) == ["delete_objects", "list_objects_v2", "put_object"], lock
+    assert lock.count("put_object") == 8 * 4 and lock.count("list_objects_v2") == 8 * 2
+    assert lock.count("delete_objects") in (3, 4)
+    others = [m for m, k in calls if m.startswith("delete") and "/.nbcc/lock/" not in k]
+    assert others.count("delete_objects") == 8 and others.count("delete_object") == 8
+    assert len(table.storage.list_names(".nbcc/lock")) <= 3 * 8
+    assert sorted(r["id"] for r in table.read().to_pylist()) == list(range(9))
+    assert table.storage.list_names(".nbcc/heartbeats") == []
+    assert not [n for n in table.storage.list_names(".nbcc/timeline") if n.endswith(("requested", "inflight"))]
 
 
 def test_a_retry_stopped_by_its_deadline_reports_the_last_failure(memory_uri):

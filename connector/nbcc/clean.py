@@ -50,6 +50,7 @@ from .timeline import (
 from .view import slices_by_group, table_view
 
 DEFAULT_RETAIN_COMMITS = 10
+_DELETE_STEP = 1000  # files deleted between two progress reports (one request on S3)
 log = logging.getLogger(__name__)
 
 
@@ -233,10 +234,11 @@ def _delete_planned(storage: Storage, config: TableConfig, plan: dict[str, Any],
     clean's `deleted` and, if any, `kept`."""
     kept = kept_by_new_savepoints(storage, config, plan.get("savepoints", []), plan["earliest_retained"])
     delete = [d for d in plan["delete"] if tuple(d) not in kept]
-    for n, (part, name) in enumerate(delete, 1):
-        storage.delete(data_file_path(part, name))
+    for start in range(0, len(delete), _DELETE_STEP):
+        step = delete[start:start + _DELETE_STEP]
+        storage.delete_many([data_file_path(part, name) for part, name in step])
         if progress is not None:
-            progress(n, len(delete))
+            progress(start + len(step), len(delete))
     spared = [d for d in plan["delete"] if tuple(d) in kept]
     return {"deleted": delete, **({"kept": spared} if spared else {})}
 
@@ -274,10 +276,14 @@ def _complete_clean(storage: Storage, clock: TimeGenerator, instant: str, result
 def _remove_stale_heartbeats(storage: Storage) -> None:
     from .heartbeat import HEARTBEAT_DIR
 
+    # Heartbeats first: a write puts its heartbeat only once its requested file is on the
+    # timeline, so a later listing of the timeline has every write a listed heartbeat beats for.
+    # The other order took a write that began between the two listings for gone, and deleted
+    # the heartbeat it had just put.
+    names = storage.list_names(HEARTBEAT_DIR)
     pending = {i.instant for i in Timeline.load(storage).pending()}
-    for name in storage.list_names(HEARTBEAT_DIR):
-        if name.endswith(".json") and name[:-5] not in pending:
-            storage.delete(f"{HEARTBEAT_DIR}/{name}")
+    storage.delete_many([f"{HEARTBEAT_DIR}/{name}" for name in names
+                         if name.endswith(".json") and name[:-5] not in pending])
 
 
 def _pending_cleans(storage: Storage) -> list[tuple[Instant, dict[str, Any]]]:

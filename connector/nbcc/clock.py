@@ -14,6 +14,10 @@ put-if-absent of `seq + 1` (one winner). The state carries
 - `last_time_ms`: the last time issued. Every new time is `max(now, last + 1 ms)`, so times are
   strictly increasing across processes and machines without Hudi's sleep of the clock skew.
 
+A process remembers the free state it installed last (a release, an instant time): its next swap
+starts from it without reading the register, and reads only when another process swapped since
+(the put finds the slot taken). A writer alone on a table so sends a put and a list per swap.
+
 Instant times are issued by one CAS while the lock is free. A completion time is issued by the
 CAS that takes the lock, and the completed instant file is created before the lock is released:
 RFC-66 needs those two steps to be atomic with respect to compaction scheduling.
@@ -245,6 +249,8 @@ class TimeGenerator:
         self.holder_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.stats = LockStats()
         self._stats_lock = threading.Lock()
+        self._known: LockState | None = None  # a free state this process installed, maybe still current
+        self._strays: list[int] = []  # old states a listing found that collection missed
 
     # Pickled into Spark's commit worker: locks and counters are per process.
     def __getstate__(self) -> dict:
@@ -265,6 +271,9 @@ class TimeGenerator:
             if not seqs:
                 return LockState(0, None, 0, 0)
             top = max(seqs)
+            # Older than every range `_collect` would still delete: its collector failed, or a
+            # process put a state into a slot collected before (and lost the swap).
+            self._strays = [s for s in seqs if s < top - 3 * _KEEP_STATES]
             try:
                 raw = json.loads(self.storage.read_bytes(f"{LOCK_DIR}/{top:020d}.json"))
             except FileNotFoundError:
@@ -288,14 +297,33 @@ class TimeGenerator:
         names = self.storage.list_names(LOCK_DIR)
         return not any(n.split(".", 1)[0].isdigit() and int(n.split(".", 1)[0]) > new.seq for n in names)
 
-    def _collect(self, seq: int) -> None:
-        names = self.storage.list_names(LOCK_DIR)
-        old = sorted(int(n.split(".", 1)[0]) for n in names
-                     if n.endswith(".json") and n.split(".", 1)[0].isdigit())
-        old = [s for s in old if s < seq - _KEEP_STATES]
-        if len(old) >= _KEEP_STATES:  # batch the deletes
-            for s in old:
-                self.storage.delete(f"{LOCK_DIR}/{s:020d}.json")
+    def _collect(self, swapped: tuple[int, ...]) -> None:
+        """Delete old states, without listing them: the process that installed state `m`, a
+        multiple of `_KEEP_STATES`, deletes the `_KEEP_STATES` states from `m - 2 * _KEEP_STATES`
+        (one request on S3). Every state is installed by exactly one process, so each range has
+        one collector; the strays a listing found (`_read_state`) go too. Best effort: called
+        after the lock is released, and a failure only leaves files for a later listing to find."""
+        doomed = [s for m in swapped if m % _KEEP_STATES == 0
+                  for s in range(max(m - 2 * _KEEP_STATES, 1), m - _KEEP_STATES)]
+        doomed += self._strays
+        self._strays = []
+        if not doomed:
+            return
+        try:
+            self.storage.delete_many([f"{LOCK_DIR}/{s:020d}.json" for s in sorted(set(doomed))])
+        except Exception as exc:  # noqa: BLE001
+            log.warning("deleting old states of the table lock of %s failed (they are retried once a "
+                        "listing finds them): %s", self.storage.uri, exc)
+
+    def _next(self, state: LockState, take: bool, now: int) -> LockState:
+        """The state that follows free `state` and issues a new time (holding the lock if `take`)."""
+        return LockState(
+            seq=state.seq + 1,
+            holder=self.holder_id if take else None,
+            lease_until_ms=now + self.lease_ms if take else 0,
+            last_time_ms=max(now, state.last_time_ms + 1),
+            lease_ms=self.lease_ms if take else 0,
+        )
 
     def _acquire(self, take: bool) -> tuple[LockState, float, float]:
         """CAS from a free state to one that issued a new time (and holds the lock if `take`)."""
@@ -304,6 +332,12 @@ class TimeGenerator:
         watched: tuple[int, float] = (-1, start)  # the state seen current, and since when
         told = False
         lost = 0  # swaps from a free state that another process made first
+        known, self._known = self._known, None
+        if known is not None:  # still current unless another process swapped since: no read
+            lease_start = time.monotonic()
+            new = self._next(known, take, _now_ms())
+            if self._swap(new):
+                return new, (time.monotonic() - start) * 1000, lease_start
         while True:
             state = self._read_state()
             lease_start = time.monotonic()  # the lease counts from here, not from the swap's end
@@ -311,14 +345,7 @@ class TimeGenerator:
                 watched = (state.seq, lease_start)  # seen no earlier than it was put
             now = _now_ms()
             if state.is_free((lease_start - watched[1]) * 1000, self.lease_ms):
-                issued = max(now, state.last_time_ms + 1)
-                new = LockState(
-                    seq=state.seq + 1,
-                    holder=self.holder_id if take else None,
-                    lease_until_ms=now + self.lease_ms if take else 0,
-                    last_time_ms=issued,
-                    lease_ms=self.lease_ms if take else 0,
-                )
+                new = self._next(state, take, now)
                 if self._swap(new):
                     return new, (time.monotonic() - start) * 1000, lease_start
                 with self._stats_lock:
@@ -355,6 +382,8 @@ class TimeGenerator:
     def new_instant(self) -> str:
         """A new instant time, greater than every time issued before for this table."""
         state, _, _ = self._acquire(take=False)
+        self._known = state
+        self._collect((state.seq,))
         return format_time(state.last_time_ms)
 
     @contextmanager
@@ -382,10 +411,8 @@ class TimeGenerator:
                 freed = False
                 log.warning("releasing the table lock failed (it expires with its lease): %s", exc)
             if freed:
-                try:
-                    self._collect(released.seq)
-                except Exception as exc:  # noqa: BLE001 - old states are collected next time
-                    log.warning("the table lock was released; deleting old lock states failed: %s", exc)
+                self._known = released
+                self._collect((state.seq, released.seq))
             with self._stats_lock:
                 s = self.stats
                 s.acquisitions += 1

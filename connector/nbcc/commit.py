@@ -40,8 +40,8 @@ from .timeline import (
     create_completed,
     create_inflight,
     create_requested,
+    pending_files,
     read_commit_metadatas,
-    remove_pending_files,
 )
 
 log = logging.getLogger(__name__)
@@ -155,8 +155,8 @@ class WriteTransaction:
         # The commit is published: what follows is tidying, and must never fail the write
         # (a failure here would make Spark call abort on a committed instant).
         try:
-            remove_pending_files(self.storage, self.instant, self.action)
-            heartbeat.remove(self.storage, self.instant)
+            self.storage.delete_many([*pending_files(self.instant, self.action),
+                                      heartbeat.heartbeat_file(self.instant)])  # one request on S3
         except Exception as exc:  # noqa: BLE001
             log.warning("commit %s completed; removing its pending files failed: %s", self.instant, exc)
         if indexed:

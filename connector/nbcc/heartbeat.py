@@ -31,15 +31,19 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def heartbeat_file(instant: str) -> str:
+    return f"{HEARTBEAT_DIR}/{instant}.json"
+
+
 def beat(storage: Storage, instant: str) -> None:
     # Not fsynced: after a power failure every writer of this machine is gone, and a lost or
     # empty heartbeat reads as expired, which is then the truth.
-    storage.replace(f"{HEARTBEAT_DIR}/{instant}.json", json.dumps({"ms": _now_ms()}).encode(), durable=False)
+    storage.replace(heartbeat_file(instant), json.dumps({"ms": _now_ms()}).encode(), durable=False)
 
 
 def last_beat_ms(storage: Storage, instant: str) -> int | None:
     try:
-        return int(json.loads(storage.read_bytes(f"{HEARTBEAT_DIR}/{instant}.json"))["ms"])
+        return int(json.loads(storage.read_bytes(heartbeat_file(instant)))["ms"])
     except (FileNotFoundError, ValueError, KeyError, TypeError):  # unreadable counts as none (format.md 14.1)
         return None
 
@@ -53,7 +57,7 @@ def idle_ms(storage: Storage, instant: str, now_ms: int | None = None) -> int:
 
 
 def remove(storage: Storage, instant: str) -> None:
-    storage.delete(f"{HEARTBEAT_DIR}/{instant}.json")
+    storage.delete(heartbeat_file(instant))
 
 
 class Heartbeat:

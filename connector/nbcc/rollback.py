@@ -83,8 +83,7 @@ def _roll_back(storage: Storage, clock: TimeGenerator, instant: str, partition_d
     if grant.overran and not _still_failed(storage, clock, instant, mark_path):
         return None
     doomed = {(f["partition"], f["name"]) for f in files} | files_of_instants(storage, partition_depth, {instant})
-    for part, name in sorted(doomed):
-        storage.delete(data_file_path(part, name))
+    storage.delete_many([data_file_path(part, name) for part, name in sorted(doomed)])
     remove(storage, instant)
     remove_pending_files(storage, instant, inst.action)
     from .metadata_table import forget_rolled_back  # it imports the write path, which imports this

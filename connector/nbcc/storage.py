@@ -35,6 +35,7 @@ import fsspec
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
+from fsspec.asyn import sync
 from fsspec.exceptions import FSTimeoutError
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 # reads each name it found again, and raised KeyError for one a thread deleted in between) and
 # deletes, take this lock.
 _MEMORY_LOCK = threading.Lock()
+_DELETE_BATCH = 1000  # the most keys one S3 DeleteObjects request takes
 _T = TypeVar("_T")
 
 # errno values of failures that may pass if asked again. EBUSY is how s3fs reports S3's 503
@@ -460,6 +462,37 @@ class Storage:
         finally:
             if not self.is_local:
                 self.fs.invalidate_cache(path.rsplit("/", 1)[0])
+
+    def delete_many(self, rels: Sequence[str]) -> None:
+        """Delete files, as `delete` does each (a missing one is not an error). On S3 one
+        request deletes up to 1,000 (DeleteObjects), in no particular order: a caller that needs
+        one file gone before another calls this twice. Keys that S3 failed to delete are deleted
+        again one by one, so that their error is retried and, if it lasts, raised."""
+        if not self.is_s3 or len(rels) < 2:
+            for rel in rels:
+                self.delete(rel)
+            return
+        for start in range(0, len(rels), _DELETE_BATCH):
+            paths = [self.full_path(rel) for rel in rels[start:start + _DELETE_BATCH]]
+            failed = self._retry("delete", f"{len(paths)} files under {self.uri}",
+                                 lambda paths=paths: self._delete_batch_once(paths))
+            for path in failed:
+                self._retry("delete", path, lambda path=path: self._delete_once(path))
+
+    def _delete_batch_once(self, paths: list[str]) -> list[str]:
+        """One DeleteObjects request; the paths S3 reported it failed to delete."""
+        bucket = self.fs.split_path(paths[0])[0]
+        keys = {"Objects": [{"Key": self.fs.split_path(p)[1]} for p in paths], "Quiet": True}
+        try:
+            out = sync(self.fs.loop, self.fs._call_s3, "delete_objects", Bucket=bucket, Delete=keys)
+        finally:
+            for parent in {p.rsplit("/", 1)[0] for p in paths}:
+                self.fs.invalidate_cache(parent)
+        errors = out.get("Errors") or []
+        if errors:
+            log.debug("S3 failed to delete %d of %d files (%s), deleting them one by one", len(errors),
+                      len(paths), errors[0].get("Code"))
+        return [f"{bucket}/{e['Key']}" for e in errors]
 
     # -- data files ------------------------------------------------------------------------
 

@@ -347,10 +347,9 @@ def prune_claims(storage: Storage, stream_id: str, batch_id: int, keep: int = KE
     """Delete the claims of batches older than the last `keep` (an engine only ever replays its
     latest batch). Best effort: a claim left behind is harmless."""
     try:
-        for name in storage.list_names(_claim_dir(stream_id)):
-            parsed = _parse_claim_name(name)
-            if parsed is not None and parsed[0] <= batch_id - keep:
-                storage.delete(f"{_claim_dir(stream_id)}/{name}")
+        names = storage.list_names(_claim_dir(stream_id))
+        storage.delete_many([f"{_claim_dir(stream_id)}/{name}" for name in names
+                             if (parsed := _parse_claim_name(name)) is not None and parsed[0] <= batch_id - keep])
     except Exception as exc:  # noqa: BLE001 - the batch is committed; tidying must not fail it
         log.warning("stream %s: pruning old claims failed: %s", stream_id, exc)
 

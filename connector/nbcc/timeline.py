@@ -336,10 +336,14 @@ def create_completed(storage: Storage, instant: str, grant: LockGrant, action: s
     return completion
 
 
+def pending_files(instant: str, action: str) -> list[str]:
+    """The requested and inflight files of `instant`: after completion (or rollback) no longer
+    needed. In either order: the completed file or rollback mark outranks both (`_STATE_RANK`)."""
+    return [f"{TIMELINE_DIR}/{instant}.{action}.{state}" for state in (INFLIGHT, REQUESTED)]
+
+
 def remove_pending_files(storage: Storage, instant: str, action: str) -> None:
-    """After completion (or rollback) the requested/inflight files are no longer needed."""
-    for state in (INFLIGHT, REQUESTED):
-        storage.delete(f"{TIMELINE_DIR}/{instant}.{action}.{state}")
+    storage.delete_many(pending_files(instant, action))
 
 
 def read_compaction_plan(storage: Storage, instant: str) -> dict[str, Any]:
