@@ -484,6 +484,22 @@ def test_a_process_whose_last_state_others_moved_past_reads_the_lock_again(memor
     assert _lock_seqs(Storage(memory_uri))[-1] == second.state.seq + 2  # a's release, then b's instant
 
 
+def test_lock_states_a_collection_failed_to_delete_go_at_the_next_one(memory_uri):
+    # A process alone on the table never lists the lock's states: it must remember those it
+    # failed to delete, or they would stay for good.
+    from faults import BEFORE, Faults, FaultyStorage
+    faults = Faults()
+    gen = TimeGenerator(FaultyStorage(memory_uri, faults=faults))
+    for _ in range(15):
+        gen.new_instant()
+    faults.plan("delete", *[BEFORE] * FaultyStorage.RETRY_ATTEMPTS, where=r"/0+1\.json$")
+    gen.new_instant()  # state 16: deletes states 1 to 7, but state 1's delete fails
+    assert _lock_seqs(Storage(memory_uri))[0] == 1
+    for _ in range(8):
+        gen.new_instant()  # state 24: deletes 8 to 15, and 1 again
+    assert _lock_seqs(Storage(memory_uri)) == list(range(16, 25))
+
+
 def test_lock_states_left_behind_are_collected_once_a_listing_finds_them(memory_uri):
     # A collector that failed leaves old states; the next process that lists them deletes them.
     st = Storage(memory_uri)

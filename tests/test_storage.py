@@ -824,6 +824,24 @@ def test_delete_many_deletes_again_one_by_one_what_s3_failed_to_delete(s3_table,
     assert st.list_names("d") == ["f0"]
 
 
+def test_delete_many_on_a_store_that_refuses_bulk_deletes_deletes_one_by_one(s3_table, caplog):
+    # Some S3-compatible stores refuse DeleteObjects (or botocore's checksum header for it): a
+    # clean, a rollback or archival must still delete their files, and stop asking.
+    uri, opts = s3_table
+    faults = Faults()
+    st = FaultyStorage(uri, opts, faults)
+    names = [f"r/f{i}" for i in range(3)]
+    _put_files(st, names)
+    faults.plan("delete_many", OSError(errno.EIO, "InvalidRequest (400): Missing required header for this "
+                                                  "request: Content-MD5"))
+    st.delete_many(names)
+    assert st.list_names("r") == [] and faults.calls["delete"] == 3
+    assert "refused to delete 3 files in one request" in caplog.text
+    _put_files(st, names)
+    st.delete_many(names)
+    assert st.list_names("r") == [] and faults.calls["delete_many"] == 1 and faults.calls["delete"] == 6
+
+
 def test_a_write_on_s3_takes_the_table_lock_without_reading_it_and_deletes_in_bulk(s3_table, monkeypatch):
     # A writer alone on a table knows the lock's state (it released it): each swap is a put and a
     # list, a release one put, and old states go without a listing. The commit's requested,

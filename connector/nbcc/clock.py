@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 
 LOCK_DIR = ".nbcc/lock"
 _KEEP_STATES = 8  # older state files are garbage; keep a few for debugging
+_MAX_RETRIED_STATES = 1000  # old states whose delete failed, kept to try again (one request on S3)
 _MAX_BACKOFF_S = 0.05
 
 TIME_LEN = 17  # yyyyMMddHHmmssSSS
@@ -273,7 +274,9 @@ class TimeGenerator:
             top = max(seqs)
             # Older than every range `_collect` would still delete: its collector failed, or a
             # process put a state into a slot collected before (and lost the swap).
-            self._strays = [s for s in seqs if s < top - 3 * _KEEP_STATES]
+            strays = {s for s in seqs if s < top - 3 * _KEEP_STATES}
+            if strays:
+                self._strays = sorted(strays.union(self._strays))[-_MAX_RETRIED_STATES:]
             try:
                 raw = json.loads(self.storage.read_bytes(f"{LOCK_DIR}/{top:020d}.json"))
             except FileNotFoundError:
@@ -302,7 +305,8 @@ class TimeGenerator:
         multiple of `_KEEP_STATES`, deletes the `_KEEP_STATES` states from `m - 2 * _KEEP_STATES`
         (one request on S3). Every state is installed by exactly one process, so each range has
         one collector; the strays a listing found (`_read_state`) go too. Best effort: called
-        after the lock is released, and a failure only leaves files for a later listing to find."""
+        after the lock is released; states it failed to delete are tried again at its next
+        collection (a process alone on the table never lists them)."""
         doomed = [s for m in swapped if m % _KEEP_STATES == 0
                   for s in range(max(m - 2 * _KEEP_STATES, 1), m - _KEEP_STATES)]
         doomed += self._strays
@@ -312,8 +316,9 @@ class TimeGenerator:
         try:
             self.storage.delete_many([f"{LOCK_DIR}/{s:020d}.json" for s in sorted(set(doomed))])
         except Exception as exc:  # noqa: BLE001
-            log.warning("deleting old states of the table lock of %s failed (they are retried once a "
-                        "listing finds them): %s", self.storage.uri, exc)
+            self._strays = sorted(set(doomed))[-_MAX_RETRIED_STATES:]
+            log.warning("deleting old states of the table lock of %s failed (tried again at the next "
+                        "collection): %s", self.storage.uri, exc)
 
     def _next(self, state: LockState, take: bool, now: int) -> LockState:
         """The state that follows free `state` and issues a new time (holding the lock if `take`)."""

@@ -158,6 +158,7 @@ class Storage:
         client = opts.get("client_kwargs")
         self._endpoint = str(opts.get("endpoint_url") or (client.get("endpoint_url") if isinstance(client, dict)
                                                            else None) or "AWS S3").rstrip("/")
+        self._bulk_deletes = True  # until the store refuses a DeleteObjects request (delete_many)
 
     # Pickled into Spark tasks: rebuild the filesystem on the other side.
     def __reduce__(self):
@@ -468,14 +469,24 @@ class Storage:
         request deletes up to 1,000 (DeleteObjects), in no particular order: a caller that needs
         one file gone before another calls this twice. Keys that S3 failed to delete are deleted
         again one by one, so that their error is retried and, if it lasts, raised."""
-        if not self.is_s3 or len(rels) < 2:
+        if not self.is_s3 or len(rels) < 2 or not self._bulk_deletes:
             for rel in rels:
                 self.delete(rel)
             return
         for start in range(0, len(rels), _DELETE_BATCH):
             paths = [self.full_path(rel) for rel in rels[start:start + _DELETE_BATCH]]
-            failed = self._retry("delete", f"{len(paths)} files under {self.uri}",
-                                 lambda paths=paths: self._delete_batch_once(paths))
+            try:
+                failed = self._retry("delete", f"{len(paths)} files under {self.uri}",
+                                     lambda paths=paths: self._delete_batch_once(paths))
+            except Exception as exc:  # noqa: BLE001 - the single deletes raise what lasts
+                failed = paths
+                if self._bulk_deletes and not isinstance(exc, StorageError):
+                    # Refused, not failed: some S3-compatible stores do not take DeleteObjects
+                    # (or not botocore's checksum header for it).
+                    self._bulk_deletes = False
+                    log.warning("the store of %s refused to delete %d files in one request (%s: %s); "
+                                "deleting files one by one from now on", self.uri, len(paths),
+                                type(exc).__name__, exc)
             for path in failed:
                 self._retry("delete", path, lambda path=path: self._delete_once(path))
 
