@@ -344,6 +344,9 @@ def test_one_log_file_per_bucket_per_task_and_repartition_helper(spark, local_ta
         per_task.setdefault(token, []).append(f["file_group"])
     assert len(per_task) == 3  # three tasks wrote
     assert all(len(groups) == len(set(groups)) <= 4 for groups in per_task.values())
+    # The third number is the task attempt's id, unique in the application: a resubmitted
+    # stage numbers its attempts from 0 again, so attempt numbers would repeat a zombie's names.
+    assert len({token.split("-")[2] for token in per_task}) == 3, sorted(per_task)
 
     repartition_by_bucket(df, path=uri).write.format("nbcc").mode("append").save(uri)
     files = _log_files_of_last_commit(uri)

@@ -4,7 +4,7 @@
     base file: <file_group_id>_<token>_<instant>.parquet           (written by compaction)
 
 `token` is `a-b-c`, three non-negative integers that no other writer of the same instant uses
-(a Spark task's partition id, stage id and attempt number). Log order, which decides ties in
+(a Spark task's partition id, stage id and task attempt id). Log order, which decides ties in
 merging (RFC-66): instant, then version as an integer, then token as three integers.
 """
 

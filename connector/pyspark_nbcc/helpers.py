@@ -90,7 +90,7 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
     `schedule_only=True` only schedules one (on the driver, under the table lock) and returns its
     instant; `instant=tc` runs (or finishes) that one alone, and returns it at once if it is
     completed already. Each task merges one file group into a base file with a token of its own
-    (a run id, the task index and its attempt number), and the driver completes the instant.
+    (a run id, the task index and its task attempt id), and the driver completes the instant.
     `options` are `storage.*` options (as for reads and writes)."""
     if instant is not None and schedule_only:
         raise InvalidOptionError("give instant (run a scheduled compaction) or schedule_only=True (schedule "
@@ -118,7 +118,7 @@ def _run_on_spark(spark: SparkSession, table: Table, tc: str) -> str:
 
         index, op = indexed
         ctx = TaskContext.get()
-        token = make_token(run_id, index, ctx.attemptNumber() if ctx else 0)
+        token = make_token(run_id, index, ctx.taskAttemptId() if ctx else 0)  # unique in the application
         return compact_file_group(storage, config, tc, op, token)
 
     rdd = spark.sparkContext.parallelize(list(enumerate(operations)), max(1, len(operations)))

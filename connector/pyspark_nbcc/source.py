@@ -653,7 +653,9 @@ class NbccWriter(DataSourceArrowWriter):
         if self.txn.operation == DELETE_PARTITION:  # names partitions, writes no file
             return NbccCommitMessage(partitions=sorted(partitions_named(iterator, self.config, self.txn.schema)))
         ctx = TaskContext.get()
-        token = make_token(ctx.partitionId(), ctx.stageId(), ctx.attemptNumber()) if ctx else make_token(0, 0, 0)
+        # The task attempt's id, unique in the application: a resubmitted stage numbers its task
+        # attempts from 0 again, and a zombie task of the earlier attempt may still be writing.
+        token = make_token(ctx.partitionId(), ctx.stageId(), ctx.taskAttemptId()) if ctx else make_token(0, 0, 0)
         writer = LogWriter(self.storage, self.config, self.txn.schema, self.txn.instant, token,
                            self.max_log_file_bytes)
         # Beats while the task runs, rows or not: a task whose rows take long to compute must not

@@ -160,7 +160,7 @@ class NbccStreamWriter(DataSourceStreamArrowWriter):
                               f"(the task has no {BATCH_ID_PROPERTY} / {QUERY_ID_PROPERTY} property)")
         # The instant of a batch is reused when Spark replays the batch, maybe by a new application
         # whose stage ids start at 0 again: a random middle number keeps file names unique.
-        token = make_token(ctx.partitionId(), random.randrange(2**31), ctx.attemptNumber())
+        token = make_token(ctx.partitionId(), random.randrange(2**31), ctx.taskAttemptId())
         txn, claim, writer = self.template, None, None
         # The heartbeat starts with the claim, at the first row, so it is entered on a stack.
         with ExitStack() as alive:
