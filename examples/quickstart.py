@@ -21,7 +21,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession, functions as F
 
 import nbcc
-from pyspark_nbcc import set_active_session
+from pyspark_nbcc import configure, set_active_session
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
@@ -63,9 +63,10 @@ def main() -> None:
     args = parser.parse_args()
     uri = args.path or os.path.join(tempfile.mkdtemp(prefix="nbcc-quickstart-"), "orders")
 
-    spark = (SparkSession.builder.master("local[2]").appName("nbcc-quickstart")
+    # nbcc's Spark properties (spark_conf/nbcc-defaults.conf, installed with the package).
+    spark = (configure(SparkSession.builder.master("local[2]").appName("nbcc-quickstart"))
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.session.timeZone", "UTC").getOrCreate())
+             .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.range(1).count()  # start the JVM's executors before the writers race
 

@@ -99,3 +99,59 @@ def test_a_table_created_without_settings_gets_the_documented_defaults(tmp_path)
             "format_version": 1, "buckets": 16, "lock_lease_ms": 30000, "heartbeat_timeout_s": 300,
             "merge_mode": mode, "ordering_field": ordering}
         assert nbcc.Table.open(str(uri)).config.buckets == 16
+
+
+def _conf_file_properties() -> dict[str, str]:
+    """spark_conf/nbcc-defaults.conf's properties, read as spark-submit reads the file's lines."""
+    lines = (ROOT / "spark_conf/nbcc-defaults.conf").read_text().splitlines()
+    return dict(line.split(None, 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+def test_configure_gives_a_session_started_from_python_the_properties_file(tmp_path):
+    # A job of an installed nbcc has no spark_conf/ folder: pyspark_nbcc.configure(builder) sets
+    # the same properties, the JVM's Java options among them (they apply as the JVM starts).
+    script = """
+import json, sys
+import pyarrow as pa
+from pyspark.sql import SparkSession
+import nbcc, pyspark_nbcc
+spark = pyspark_nbcc.configure(SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")).getOrCreate()
+nbcc.Table.create(sys.argv[1], pa.schema([("id", pa.int64())]), "id", buckets=2)
+spark.range(5).write.format("nbcc").mode("append").save(sys.argv[1])
+props = json.loads(sys.argv[2])
+print(json.dumps({"conf": {k: spark.conf.get(k) for k in props if not k.endswith("extraJavaOptions")},
+                  "java_options": spark.sparkContext.getConf().get("spark.driver.extraJavaOptions"),
+                  "unsafe": spark._jvm.System.getProperty("arrow.enable_unsafe_memory_access"),
+                  "rows": spark.read.format("nbcc").load(sys.argv[1]).count()}))
+"""
+    props = _conf_file_properties()
+    assert "spark.sql.execution.arrow.maxRecordsPerBatch" in props and "spark.driver.extraJavaOptions" in props
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "t"), json.dumps(props)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["conf"] == {k: v for k, v in props.items() if not k.endswith("extraJavaOptions")}
+    # Spark puts its own module options before them.
+    assert got["java_options"].endswith(props["spark.driver.extraJavaOptions"]) and got["unsafe"] == "true"
+    assert got["rows"] == 5
+
+
+def test_the_properties_file_ships_in_the_wheel(tmp_path):
+    # spark_conf/ is not a package: the wheel carries the file in pyspark_nbcc (a link there).
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, src / name)
+    for folder in ("connector", "spark_conf"):
+        shutil.copytree(ROOT / folder, src / folder, symlinks=True,
+                        ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    done = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"),
+                           str(src)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        assert zf.read("pyspark_nbcc/nbcc-defaults.conf") == (ROOT / "spark_conf/nbcc-defaults.conf").read_bytes()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
@@ -32,6 +34,36 @@ def set_active_session(spark: SparkSession) -> None:
     a release does not, `format("nbcc")` fails there with DATA_SOURCE_NOT_FOUND: call this first
     in such a thread."""
     spark._jvm.org.apache.spark.sql.SparkSession.setActiveSession(spark._jsparkSession)
+
+
+def spark_conf_path() -> Path:
+    """The Spark properties file for nbcc jobs (the repository's `spark_conf/nbcc-defaults.conf`),
+    installed with the package: `spark-submit --properties-file "$(python -c 'import
+    pyspark_nbcc; print(pyspark_nbcc.spark_conf_path())')" ...`."""
+    return Path(__file__).with_name("nbcc-defaults.conf")
+
+
+def spark_conf() -> dict[str, str]:
+    """The Spark properties that `spark_conf_path()` sets (its comments say why each)."""
+    conf = {}
+    for line in spark_conf_path().read_text().splitlines():
+        # A properties file's line: key, then whitespace, `=` or `:`, then the value.
+        prop = re.fullmatch(r"([^\s=:#!][^\s=:]*)\s*[\s=:]\s*(.*?)\s*", line)
+        if prop:
+            conf[prop[1]] = prop[2]
+    return conf
+
+
+def configure(builder: SparkSession.Builder) -> SparkSession.Builder:
+    """`builder` with nbcc's Spark properties (`spark_conf()`) set, as a `--properties-file` of
+    them would set them, for a session started from Python (delta-spark's
+    `configure_spark_with_delta_pip` works the same way). Call it before the process starts its
+    first session: the driver's Java options take effect only when its JVM starts.
+    `spark_conf()["spark.driver.extraJavaOptions"]` replaces any set before; set yours after this,
+    with its two flags added."""
+    for key, value in spark_conf().items():
+        builder = builder.config(key, value)
+    return builder
 
 
 def options_from_conf(spark: SparkSession, prefix: str = CONF_PREFIX) -> dict[str, str]:
