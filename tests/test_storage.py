@@ -806,14 +806,20 @@ def test_delete_many_on_s3_deletes_a_batch_with_one_request(s3_table, monkeypatc
     assert st.list_names("p=1") == ["kept.parquet"] and st.list_names("p=2") == []
 
 
-def test_delete_many_deletes_again_one_by_one_what_s3_failed_to_delete(s3_table, monkeypatch):
-    # S3 answers a DeleteObjects with the keys it failed to delete (an InternalError for one key,
-    # an object it may not delete): those are deleted again, and an error that lasts is raised.
+def _faulty_files(s3_table, folder: str, n: int) -> tuple[Faults, FaultyStorage, list[str]]:
+    """A faulty storage of the S3 table, with `n` files written in `folder` (their names)."""
     uri, opts = s3_table
     faults = Faults()
     st = FaultyStorage(uri, opts, faults)
-    names = [f"d/f{i}" for i in range(4)]
+    names = [f"{folder}/f{i}" for i in range(n)]
     _put_files(st, names)
+    return faults, st, names
+
+
+def test_delete_many_deletes_again_one_by_one_what_s3_failed_to_delete(s3_table):
+    # S3 answers a DeleteObjects with the keys it failed to delete (an InternalError for one key,
+    # an object it may not delete): those are deleted again, and an error that lasts is raised.
+    faults, st, names = _faulty_files(s3_table, "d", 4)
     faults.plan("delete_many", PARTLY)
     st.delete_many(names)
     assert st.list_names("d") == [] and faults.calls["delete"] == 1
@@ -827,11 +833,7 @@ def test_delete_many_deletes_again_one_by_one_what_s3_failed_to_delete(s3_table,
 def test_delete_many_on_a_store_that_refuses_bulk_deletes_deletes_one_by_one(s3_table, caplog):
     # Some S3-compatible stores refuse DeleteObjects (or botocore's checksum header for it): a
     # clean, a rollback or archival must still delete their files, and stop asking.
-    uri, opts = s3_table
-    faults = Faults()
-    st = FaultyStorage(uri, opts, faults)
-    names = [f"r/f{i}" for i in range(3)]
-    _put_files(st, names)
+    faults, st, names = _faulty_files(s3_table, "r", 3)
     faults.plan("delete_many", OSError(errno.EIO, "InvalidRequest (400): Missing required header for this "
                                                   "request: Content-MD5"))
     st.delete_many(names)
