@@ -120,7 +120,7 @@ def _finish(storage: Storage) -> set[str]:
     the instants whose files it removed."""
     archived = {i.instant for i in load_history(storage)}
     names = [n for n in storage.list_names(TIMELINE_DIR) if n[:17] in archived]
-    pending = [n for n in names if n.rsplit(".", 1)[-1] in (REQUESTED, INFLIGHT)]
-    for step in (pending, [n for n in names if n not in pending]):  # two calls keep the order
+    pending = {n for n in names if n.rsplit(".", 1)[-1] in (REQUESTED, INFLIGHT)}
+    for step in (sorted(pending), [n for n in names if n not in pending]):  # two calls keep the order
         storage.delete_many([f"{TIMELINE_DIR}/{name}" for name in step])
     return {n[:17] for n in names}
