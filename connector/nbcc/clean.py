@@ -50,7 +50,6 @@ from .timeline import (
 from .view import slices_by_group, table_view
 
 DEFAULT_RETAIN_COMMITS = 10
-_DELETE_STEP = 1000  # files deleted between two progress reports (one request on S3)
 log = logging.getLogger(__name__)
 
 
@@ -234,11 +233,7 @@ def _delete_planned(storage: Storage, config: TableConfig, plan: dict[str, Any],
     clean's `deleted` and, if any, `kept`."""
     kept = kept_by_new_savepoints(storage, config, plan.get("savepoints", []), plan["earliest_retained"])
     delete = [d for d in plan["delete"] if tuple(d) not in kept]
-    for start in range(0, len(delete), _DELETE_STEP):
-        step = delete[start:start + _DELETE_STEP]
-        storage.delete_many([data_file_path(part, name) for part, name in step])
-        if progress is not None:
-            progress(start + len(step), len(delete))
+    storage.delete_many([data_file_path(part, name) for part, name in delete], progress)
     spared = [d for d in plan["delete"] if tuple(d) in kept]
     return {"deleted": delete, **({"kept": spared} if spared else {})}
 

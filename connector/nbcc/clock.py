@@ -128,6 +128,10 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _state_file(seq: int) -> str:
+    return f"{LOCK_DIR}/{seq:020d}.json"
+
+
 @dataclass(frozen=True)
 class LockState:
     seq: int
@@ -262,13 +266,14 @@ class TimeGenerator:
 
     # -- the register ----------------------------------------------------------------------
 
+    def _listed_seqs(self) -> list[int]:
+        """The numbers of the state files a fresh listing of the lock shows."""
+        stems = (name[:-5] for name in self.storage.list_names(LOCK_DIR) if name.endswith(".json"))
+        return [int(stem) for stem in stems if stem.isdigit()]
+
     def _read_state(self) -> LockState:
         while True:
-            seqs = []
-            for name in self.storage.list_names(LOCK_DIR):
-                stem = name.split(".", 1)[0]
-                if name.endswith(".json") and stem.isdigit():
-                    seqs.append(int(stem))
+            seqs = self._listed_seqs()
             if not seqs:
                 return LockState(0, None, 0, 0)
             top = max(seqs)
@@ -278,7 +283,7 @@ class TimeGenerator:
             if strays:
                 self._strays = sorted(strays.union(self._strays))[-_MAX_RETRIED_STATES:]
             try:
-                raw = json.loads(self.storage.read_bytes(f"{LOCK_DIR}/{top:020d}.json"))
+                raw = json.loads(self.storage.read_bytes(_state_file(top)))
             except FileNotFoundError:
                 continue  # collected between list and read: list again
             return LockState(int(raw["seq"]), raw.get("holder"), int(raw["lease_until_ms"]),
@@ -289,7 +294,7 @@ class TimeGenerator:
         # The nonce makes the content unique to this one put: two processes can compute the
         # same new state, and put-if-absent tells its own write from another's by content.
         data = json.dumps({**asdict(new), "nonce": uuid.uuid4().hex}).encode()
-        if not self.storage.put_if_absent(f"{LOCK_DIR}/{new.seq:020d}.json", data, durable):
+        if not self.storage.put_if_absent(_state_file(new.seq), data, durable):
             return False
         if release:
             # A later state is the next holder's, built on this one (a waiter may swap before
@@ -297,8 +302,7 @@ class TimeGenerator:
             # nothing either: the lock moved on without it.
             return True
         # A stalled process can land a put in a slot that was already collected; it lost.
-        names = self.storage.list_names(LOCK_DIR)
-        return not any(n.split(".", 1)[0].isdigit() and int(n.split(".", 1)[0]) > new.seq for n in names)
+        return max(self._listed_seqs(), default=0) <= new.seq
 
     def _collect(self, swapped: tuple[int, ...]) -> None:
         """Delete old states, without listing them: the process that installed state `m`, a
@@ -314,7 +318,7 @@ class TimeGenerator:
         if not doomed:
             return
         try:
-            self.storage.delete_many([f"{LOCK_DIR}/{s:020d}.json" for s in sorted(set(doomed))])
+            self.storage.delete_many([_state_file(s) for s in sorted(set(doomed))])
         except Exception as exc:  # noqa: BLE001
             self._strays = sorted(set(doomed))[-_MAX_RETRIED_STATES:]
             log.warning("deleting old states of the table lock of %s failed (tried again at the next "

@@ -464,31 +464,36 @@ class Storage:
             if not self.is_local:
                 self.fs.invalidate_cache(path.rsplit("/", 1)[0])
 
-    def delete_many(self, rels: Sequence[str]) -> None:
+    def delete_many(self, rels: Sequence[str], progress: Callable[[int, int], None] | None = None) -> None:
         """Delete files, as `delete` does each (a missing one is not an error). On S3 one
         request deletes up to 1,000 (DeleteObjects), in no particular order: a caller that needs
         one file gone before another calls this twice. Keys that S3 failed to delete are deleted
-        again one by one, so that their error is retried and, if it lasts, raised."""
-        if not self.is_s3 or len(rels) < 2 or not self._bulk_deletes:
-            for rel in rels:
-                self.delete(rel)
-            return
+        again one by one, so that their error is retried and, if it lasts, raised.
+        `progress(done, total)` is called after every 1,000 files and at the end."""
         for start in range(0, len(rels), _DELETE_BATCH):
-            paths = [self.full_path(rel) for rel in rels[start:start + _DELETE_BATCH]]
-            try:
-                failed = self._retry("delete", f"{len(paths)} files under {self.uri}",
-                                     lambda paths=paths: self._delete_batch_once(paths))
-            except Exception as exc:  # noqa: BLE001 - the single deletes raise what lasts
-                failed = paths
-                if self._bulk_deletes and not isinstance(exc, StorageError):
-                    # Refused, not failed: some S3-compatible stores do not take DeleteObjects
-                    # (or not botocore's checksum header for it).
-                    self._bulk_deletes = False
-                    log.warning("the store of %s refused to delete %d files in one request (%s: %s); "
-                                "deleting files one by one from now on", self.uri, len(paths),
-                                type(exc).__name__, exc)
-            for path in failed:
-                self._retry("delete", path, lambda path=path: self._delete_once(path))
+            batch = rels[start:start + _DELETE_BATCH]
+            bulk = self.is_s3 and len(batch) > 1 and self._bulk_deletes
+            for rel in self._delete_batch(batch) if bulk else batch:
+                self.delete(rel)
+            if progress is not None:
+                progress(start + len(batch), len(rels))
+
+    def _delete_batch(self, rels: Sequence[str]) -> list[str]:
+        """One DeleteObjects request, retried; the files left to delete one by one: those S3
+        reported it failed to delete, or all of them if the request failed."""
+        by_path = {self.full_path(rel): rel for rel in rels}
+        try:
+            failed = self._retry("delete", f"{len(rels)} files under {self.uri}",
+                                 lambda: self._delete_batch_once(list(by_path)))
+        except Exception as exc:  # noqa: BLE001 - the single deletes raise what lasts
+            if self._bulk_deletes and not isinstance(exc, StorageError):
+                # Refused, not failed: some S3-compatible stores do not take DeleteObjects (or
+                # not botocore's checksum header for it).
+                self._bulk_deletes = False
+                log.warning("the store of %s refused to delete %d files in one request (%s: %s); "
+                            "deleting files one by one from now on", self.uri, len(rels), type(exc).__name__, exc)
+            return list(rels)
+        return [by_path[path] for path in failed]
 
     def _delete_batch_once(self, paths: list[str]) -> list[str]:
         """One DeleteObjects request; the paths S3 reported it failed to delete."""
