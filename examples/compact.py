@@ -7,7 +7,8 @@
 Job settings: spark.nbcc.path (required), spark.nbcc.instant (re-run a scheduled compaction, e.g.
 after a crash), spark.nbcc.schedule_only (true: only schedule); spark.nbcc.storage.* are S3
 options. Compactions scheduled earlier (by writes' compaction_delta_commits, or left pending by a
-crashed run) are finished first. The write options and
+crashed run) are finished first, but for one another process is executing (a fresh heartbeat),
+which is left to it (spark.nbcc.instant runs it regardless). The write options and
 examples/ingest.py's settings that a shared properties file may set (record_key, buckets, ...,
 input, mode) are ignored; any other spark.nbcc.* name fails the job, as a likely typo.
 """

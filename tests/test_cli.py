@@ -412,6 +412,30 @@ def test_compact_finishes_a_crashed_compaction_first(local_table, capsys):
     assert snapshot(table) == before
 
 
+def test_compact_leaves_a_compaction_that_another_process_executes_and_runs_it_by_instant(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    before = snapshot(table)
+    tc = table.schedule_compaction()
+    nbcc.heartbeat.beat(table.storage, tc)  # its executor is running (or was killed just now)
+    code, out, _ = run(capsys, "compact", uri, "--quiet")
+    assert code == 0
+    assert f"compaction {tc} is being executed by another process" in out
+    assert f"nbcc compact {uri} --instant {tc}" in out and "300 s" in out  # what to do if it was killed
+    assert "nothing to compact" not in out
+    assert table.pending_compactions() == [tc]
+    code, out, _ = run(capsys, "compact", uri, "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["compactions"] == []
+    assert [e["instant"] for e in doc["executing_elsewhere"]] == [tc] and doc["executing_elsewhere"][0]["idle_s"] >= 0
+
+    code, out, err = run(capsys, "compact", uri, "--quiet", "--instant", tc)  # as the message says
+    assert code == 0 and tc in out
+    assert f"warning: compaction {tc} has an execution whose last heartbeat is" in err
+    assert table.pending_compactions() == []
+    assert snapshot(table) == before
+
+
 def test_compact_schedule_only_then_run_by_instant(local_table, capsys):
     uri, _ = local_table
     table, _ = make_table(uri, commits=2)
@@ -504,7 +528,7 @@ def test_compact_clean_and_archive_print_json_for_schedulers(local_table, capsys
     assert ran == [{"instant": left, "completion": done[left], "ran": True, "was_pending": True},
                    {"instant": ran[1]["instant"], "completion": done[ran[1]["instant"]], "ran": True,
                     "was_pending": False}]
-    assert json.loads(run(capsys, "compact", uri, "--json")[1]) == {"compactions": []}  # nothing to compact
+    assert json.loads(run(capsys, "compact", uri, "--json")[1]) == {"compactions": [], "executing_elsewhere": []}
     assert json.loads(run(capsys, "compact", uri, "--json", "--instant", left)[1]) == {"compactions": [
         {"instant": left, "completion": done[left], "ran": False, "was_pending": False}]}
 

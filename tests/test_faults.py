@@ -116,6 +116,11 @@ def test_a_heartbeat_lost_or_left_unreadable_by_a_power_failure_reads_as_no_beat
         (tmp_path / ".nbcc" / "heartbeats" / "20261125100000000.json").write_bytes(content)
         assert heartbeat.last_beat_ms(store, "20261125100000000") is None, content
     assert heartbeat.last_beat_ms(store, "20261125100000001") is None
+    # A failed compaction execution's last beat says so; anything but true is not "failed".
+    for content, failed in ((b'{"ms": 5, "failed": true}', True), (b'{"ms": 5, "failed": "yes"}', False),
+                            (b'{"ms": 5}', False)):
+        (tmp_path / ".nbcc" / "heartbeats" / "20261125100000000.json").write_bytes(content)
+        assert heartbeat.read_beat(store, "20261125100000000") == (5, failed), content
 
 
 def roll_back_dead(table: nbcc.Table, instant: str, with_clean: bool) -> None:

@@ -58,6 +58,21 @@ def test_scheduled_compaction_is_finished_by_a_later_run(spark, local_table):
     assert _rows(spark, uri) == expected
 
 
+def test_compaction_job_leaves_a_compaction_being_executed_elsewhere(spark, local_table, caplog):
+    uri, _ = local_table
+    _write(spark, uri, 0, 100, 1, record_key="id", buckets=2)
+    table = nbcc.Table.open(uri)
+    tc = table.schedule_compaction()
+    nbcc.heartbeat.beat(table.storage, tc)  # another process executes it
+    with caplog.at_level("WARNING", logger="nbcc.compaction"):
+        assert pyspark_nbcc.compact(spark, uri) is None
+    assert f"compaction {tc} is being executed by another process" in caplog.text
+    assert table.pending_compactions() == [tc]
+    assert pyspark_nbcc.compact(spark, uri, instant=tc) == tc  # asked for by name: run
+    assert table.pending_compactions() == []
+    assert _rows(spark, uri) == [(i, i) for i in range(100)]
+
+
 def test_inline_trigger_through_spark_and_python(spark, local_table):
     uri, _ = local_table
     for n in range(3):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -1276,6 +1277,85 @@ def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeo
     ref.write(table, KEYS[10:15], "c3", inline)
     assert len(runs) == 2 and table.pending_compactions() == [tc]
     assert snapshot(table) == ref.expected()
+
+def test_a_compaction_job_leaves_a_compaction_that_another_process_is_executing(tmp_path, monkeypatch, caplog):
+    # A job (cron, or `nbcc compact` by hand) that started while a writer's inline compaction
+    # or another job executed a compaction ran it too: the same work twice, and twice the files.
+    # It leaves one whose execution's heartbeat is fresh to that execution.
+    import nbcc.compaction
+    table, ref = table_with_rows(str(tmp_path / "t"), heartbeat_timeout_s=300)
+    ref.write(table, KEYS[:10], "c1")
+    tc = table.schedule_compaction()
+    real, merged_by, started, release = nbcc.compaction.compact_file_group, [], threading.Event(), threading.Event()
+
+    def merge(storage, config, tc_, op, token):
+        merged_by.append(threading.current_thread().name)
+        if threading.current_thread().name == "executor":
+            started.set()
+            assert release.wait(WAIT_S)
+        return real(storage, config, tc_, op, token)
+    monkeypatch.setattr(nbcc.compaction, "compact_file_group", merge)
+    done: list[str | None] = []
+    executor = threading.Thread(target=lambda: done.append(nbcc.Table.open(table.uri).run_compaction(tc)),
+                                name="executor")
+    executor.start()
+    try:
+        assert started.wait(WAIT_S)
+        with caplog.at_level("WARNING", logger="nbcc.compaction"):
+            assert table.compact() is None  # nothing else to compact: every file group is planned in tc
+        assert f"compaction {tc} is being executed by another process" in caplog.text
+        assert f"--instant {tc}" in caplog.text  # how to run it anyway, if that process is gone
+        assert table.pending_compactions() == [tc]
+        assert threading.current_thread().name not in merged_by  # the job merged nothing
+    finally:
+        release.set()
+        executor.join(WAIT_S)
+    assert done and done[0] is not None  # the executor completed it, not the job
+    assert table.pending_compactions() == []
+    bases = files_of_instant(data_files(table.uri), tc)
+    groups = {(f.rsplit("/", 1)[0], f.rsplit("/", 1)[1].split("_")[0]) for f in bases}
+    assert len(bases) == len(groups) > 0  # one base file per file group: one execution wrote them
+    assert snapshot(table) == ref.expected()
+
+
+def test_a_compaction_job_runs_a_compaction_whose_execution_failed_at_once(tmp_path, monkeypatch):
+    # A failed execution keeps its heartbeat (inline writers wait heartbeat_timeout_s before
+    # trying it again), marked failed: a job, which someone runs to get it done, does not wait.
+    import nbcc.compaction
+    table, ref = table_with_rows(str(tmp_path / "t"), heartbeat_timeout_s=300)
+    ref.write(table, KEYS[:10], "c1")
+    tc = table.schedule_compaction()
+
+    def failing(*args, **kwargs):
+        raise OSError("a damaged input file")
+    with monkeypatch.context() as m:
+        m.setattr(nbcc.compaction, "compact_file_group", failing)
+        with pytest.raises(OSError, match="damaged"):
+            table.run_compaction(tc)
+    heartbeat = json.loads((Path(table.uri) / ".nbcc" / "heartbeats" / f"{tc}.json").read_text())
+    assert heartbeat["failed"] is True and isinstance(heartbeat["ms"], int)
+    inline = {"compaction_delta_commits": 1, "compaction_inline": True}
+    ref.write(table, KEYS[10:15], "c2", inline)  # an inline writer waits for it to expire
+    assert table.pending_compactions() == [tc]
+    assert table.compact() is not None  # the job runs it now, then compacts c2's logs
+    assert tc in [i.instant for i in table.timeline() if i.action == "commit" and i.is_completed]
+    assert table.pending_compactions() == []
+    assert snapshot(table) == ref.expected()
+
+
+def test_a_compaction_job_runs_one_whose_executor_stopped_beating_for_the_timeout(tmp_path, monkeypatch):
+    # An executor killed mid-run (kill -9) leaves a heartbeat that looks alive until it expires.
+    from nbcc.clock import parse_time
+    table, ref = table_with_rows(str(tmp_path / "t"), heartbeat_timeout_s=300)
+    tc = table.schedule_compaction()
+    monkeypatch.setattr(nbcc.heartbeat, "_now_ms", lambda: parse_time(tc) + 1_000)
+    nbcc.heartbeat.beat(table.storage, tc)  # its last beat, 1 s after scheduling
+    monkeypatch.setattr(nbcc.heartbeat, "_now_ms", lambda: parse_time(tc) + 300_000)
+    assert table.compact() is None and table.pending_compactions() == [tc]  # 299 s: still alive
+    monkeypatch.setattr(nbcc.heartbeat, "_now_ms", lambda: parse_time(tc) + 302_000)
+    assert table.compact() == tc and table.pending_compactions() == []
+    assert snapshot(table) == ref.expected()
+
 
 def test_compact_finishes_the_compactions_writes_scheduled_then_compacts_what_is_left(tmp_path):
     # compaction_delta_commits without compaction_inline only schedules: executing is the

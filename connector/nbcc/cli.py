@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS, check_retention
 from .clock import parse_time, parse_time_option
-from .compaction import compaction_to_run, run_compactions
+from .compaction import compaction_to_run, executing_compactions, run_compactions
 from .conditions import parse_assignment, parse_conditions, typed_condition, typed_value, with_column_as_spelled
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
@@ -320,6 +320,7 @@ def cmd_compact(args: argparse.Namespace) -> int:
                 print(f"nothing new to compact: compactions {', '.join(pending)} are pending; run them with "
                       f"`nbcc compact {table.uri}`{same}")
         return 0
+    timeout = table.config.heartbeat_timeout_s
     if args.instant is not None:
         inst = compaction_to_run(table.storage, args.instant, "--instant")
         tc = inst.instant
@@ -327,19 +328,34 @@ def cmd_compact(args: argparse.Namespace) -> int:
             say(f"compaction {tc} is already completed (at {inst.completion})")
             ran.append({"instant": tc, "completion": inst.completion, "ran": False, "was_pending": False})
         else:  # scheduled earlier (--schedule-only, or a run that stopped): pending until this run
+            busy = executing_compactions(table.storage, [tc], timeout)
+            if tc in busy:  # run as asked (its process may be gone): the first to complete wins
+                _note(f"warning: compaction {tc} has an execution whose last heartbeat is {busy[tc]:.0f} s old; "
+                      "running it here too, as --instant asks (if that process is alive, the same work is done twice)")
             ran.append(_run_and_tell(table, args, tc, say, was_pending=True, told="compaction"))
         return _print_json({"compactions": ran}) if args.json else 0
+
     def run(tc: str, earlier: bool) -> dict[str, Any]:
         if earlier:
             _note(f"compaction {tc} is pending (scheduled by a write's compaction_delta_commits or --schedule-only, "
-                  "or left by a run that crashed or is still running); finishing it")
+                  "or left by a run that failed or crashed); finishing it")
         return _run_and_tell(table, args, tc, say, was_pending=earlier,
                              told="pending compaction" if earlier else "compaction")
 
-    ran = run_compactions(table.storage, table.config, table.clock, run)
-    if not ran:
+    elsewhere: list[dict[str, Any]] = []
+
+    def leave(tc: str, idle_s: float) -> None:
+        elsewhere.append({"instant": tc, "idle_s": round(idle_s, 1)})
+        same = " (with the same --storage-option flags)" if args.storage_options else ""
+        say(f"compaction {tc} is being executed by another process (last heartbeat {idle_s:.0f} s ago); "
+            f"left to it. If that process is gone (killed), the compaction counts as abandoned once its "
+            f"heartbeat is {timeout} s old (heartbeat_timeout_s); `nbcc compact {table.uri} --instant {tc}`{same} "
+            "runs it now")
+
+    ran = run_compactions(table.storage, table.config, table.clock, run, leave)
+    if not ran and not elsewhere:
         say("nothing to compact")
-    return _print_json({"compactions": ran}) if args.json else 0
+    return _print_json({"compactions": ran, "executing_elsewhere": elsewhere}) if args.json else 0
 
 
 def _run_and_tell(table: Table, args: argparse.Namespace, tc: str, say: Callable[[str], None], *,
@@ -781,16 +797,19 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Schedule a compaction of every file group with log files and run it "
                                    "in this process; writers keep writing. Compactions scheduled earlier "
                                    "(by writes' compaction_delta_commits, by --schedule-only, or left "
-                                   "unfinished by a run that crashed) are finished first.")
+                                   "unfinished by a run that crashed) are finished first; one that another "
+                                   "process is executing (a fresh heartbeat) is left to it.")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--instant", metavar="T", type=_instant,
-                       help="run (or finish) the scheduled compaction T only")
+                       help="run (or finish) the scheduled compaction T only, even if another process "
+                            "seems to execute it (after a kill, say)")
     which.add_argument("--schedule-only", action="store_true",
                        help="only schedule; print the compaction's instant (run it later with --instant)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
                    help="print a JSON object instead: compactions (each: instant, completion, ran, was_pending: "
-                        "scheduled before this run); with --schedule-only: scheduled, pending (the others)")
+                        "scheduled before this run), executing_elsewhere (each: instant, idle_s: seconds since "
+                        "its last heartbeat); with --schedule-only: scheduled, pending (the others)")
     p.set_defaults(func=cmd_compact)
 
     p = sub.add_parser("clean", parents=[common], help="roll back failed writes and delete unneeded files",

@@ -206,9 +206,10 @@ def run_compaction(storage: Storage, config: TableConfig, clock: TimeGenerator, 
 
 def compaction_heartbeat(storage: Storage, config: TableConfig, tc: str) -> Heartbeat:
     """The heartbeat of an execution of compaction `tc`: it tells one in progress from one that
-    died (`abandoned_compactions`). Kept when the execution fails, so that an inline writer
-    tries a failing compaction again once per heartbeat_timeout_s, not after every commit;
-    the cleaner deletes it once the compaction completed."""
+    died (`abandoned_compactions`, `executing_compactions`). Kept when the execution fails, its
+    last beat marked failed, so that an inline writer tries a failing compaction again once per
+    heartbeat_timeout_s, not after every commit; the cleaner deletes it once the compaction
+    completed."""
     return Heartbeat(storage, tc, interval_s(config.heartbeat_timeout_s), keep_if_failed=True)
 
 
@@ -235,19 +236,47 @@ def abandoned_compactions(storage: Storage, pending: list[str], timeout_s: float
     return [tc for tc in pending if abandoned(tc)]
 
 
+def executing_compactions(storage: Storage, pending: list[str], timeout_s: float) -> dict[str, float]:
+    """The compactions among `pending` that another process is executing, each with the seconds
+    since its execution's last beat: a heartbeat at most `timeout_s` old whose last beat does not
+    mark a failed execution. A process killed mid-execution (kill -9, a lost machine) leaves its
+    heartbeat fresh until it expires: such a compaction counts as executing until then."""
+    now = heartbeat._now_ms()
+    beats = {tc: heartbeat.read_beat(storage, tc) for tc in pending}
+    return {tc: (now - b[0]) / 1000 for tc, b in beats.items()
+            if b is not None and not b[1] and now - b[0] <= timeout_s * 1000}
+
+
 def run_compactions(storage: Storage, config: TableConfig, clock: TimeGenerator,
-                    run: Callable[[str, bool], T]) -> list[T]:
+                    run: Callable[[str, bool], T],
+                    leave: Callable[[str, float], None] | None = None) -> list[T]:
     """A compaction job (`Table.compact`, `pyspark_nbcc.compact`, `nbcc compact`): `run(instant,
     scheduled_earlier)` for the compactions scheduled earlier, oldest first, then for one it
     schedules for what is left; or, when another process scheduled that meanwhile (a writer's
-    compaction_delta_commits), for the compactions it scheduled. Their results, in order. One
-    that fails does not stop the others (a damaged input file must not keep every other file
-    group from being compacted): the first failure is raised once the rest have run."""
+    compaction_delta_commits), for the compactions it scheduled. Their results, in order.
+
+    One that another process is executing (`executing_compactions`) is left to it, and
+    `leave(instant, seconds_since_its_last_beat)` is called (by default, a warning): running
+    it again would only do the same work twice. One that fails does not stop the others (a
+    damaged input file must not keep every other file group from being compacted): the first
+    failure is raised once the rest have run."""
     results: list[T] = []
     failure: Exception | None = None
 
     def attempt(tc: str, earlier: bool) -> None:
         nonlocal failure
+        if earlier:  # read just before running it: the ones before may have taken long
+            busy = executing_compactions(storage, [tc], config.heartbeat_timeout_s)
+            if tc in busy:
+                if leave is not None:
+                    leave(tc, busy[tc])
+                else:  # a warning: it explains why the job did not run what it was asked to
+                    log.warning("compaction %s is being executed by another process (last heartbeat %.0f s ago); "
+                                "left to it. If that process is gone, the compaction counts as abandoned once its "
+                                "heartbeat is %s s old (heartbeat_timeout_s); `nbcc compact %s --instant %s` (or "
+                                "Table.run_compaction, or pyspark_nbcc.compact with instant=) runs it now",
+                                tc, busy[tc], config.heartbeat_timeout_s, storage.uri, tc)
+                return
         try:
             results.append(run(tc, earlier))
         except Exception as exc:  # noqa: BLE001 - raised below, after the others

@@ -35,17 +35,27 @@ def heartbeat_file(instant: str) -> str:
     return f"{HEARTBEAT_DIR}/{instant}.json"
 
 
-def beat(storage: Storage, instant: str) -> None:
+def beat(storage: Storage, instant: str, failed: bool = False) -> None:
+    """`failed`: the last beat of a compaction's execution that failed (format.md §14.1)."""
     # Not fsynced: after a power failure every writer of this machine is gone, and a lost or
     # empty heartbeat reads as expired, which is then the truth.
-    storage.replace(heartbeat_file(instant), json.dumps({"ms": _now_ms()}).encode(), durable=False)
+    body = {"ms": _now_ms(), **({"failed": True} if failed else {})}
+    storage.replace(heartbeat_file(instant), json.dumps(body).encode(), durable=False)
+
+
+def read_beat(storage: Storage, instant: str) -> tuple[int, bool] | None:
+    """The last beat of `instant`: its epoch ms, and whether it marks an execution that failed;
+    None if there is none."""
+    try:
+        body = json.loads(storage.read_bytes(heartbeat_file(instant)))
+        return int(body["ms"]), body.get("failed") is True
+    except (FileNotFoundError, ValueError, KeyError, TypeError):  # unreadable counts as none (format.md 14.1)
+        return None
 
 
 def last_beat_ms(storage: Storage, instant: str) -> int | None:
-    try:
-        return int(json.loads(storage.read_bytes(heartbeat_file(instant)))["ms"])
-    except (FileNotFoundError, ValueError, KeyError, TypeError):  # unreadable counts as none (format.md 14.1)
-        return None
+    last = read_beat(storage, instant)
+    return None if last is None else last[0]
 
 
 def idle_ms(storage: Storage, instant: str, now_ms: int | None = None) -> int:
@@ -64,9 +74,11 @@ class Heartbeat:
     """A background thread that refreshes an instant's heartbeat until stopped. One of several
     writers of an instant (a Spark task) keeps the heartbeat when it stops (`keep=True`): the
     others may still be writing, and the commit deletes it. A compaction's execution keeps it
-    only when it fails (`keep_if_failed=True`), so that a failing compaction is not taken for
-    abandoned at once (compaction.abandoned_compactions). `beat_first=False`: the caller beat
-    just now (a write's begin_write), so the first beat waits an interval."""
+    only when it fails (`keep_if_failed=True`), with a last beat that says so: inline writers
+    then wait for it to expire before they try the failing compaction again
+    (compaction.abandoned_compactions), while a compaction job need not
+    (compaction.executing_compactions). `beat_first=False`: the caller beat just now (a write's
+    begin_write), so the first beat waits an interval."""
 
     def __init__(self, storage: Storage, instant: str, interval_s: float, keep: bool = False,
                  keep_if_failed: bool = False, beat_first: bool = True):
@@ -91,7 +103,13 @@ class Heartbeat:
     def __exit__(self, exc_type: object, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        if self.keep or (self.keep_if_failed and exc_type is not None):
+        if self.keep:
+            return
+        if self.keep_if_failed and exc_type is not None:
+            try:
+                beat(self.storage, self.instant, failed=True)
+            except Exception as err:  # noqa: BLE001 - as below; a job then waits for it to expire
+                log.warning("could not mark the heartbeat of %s failed: %s", self.instant, err)
             return
         # Completed or failed, the beat is over either way. Best effort: a storage error here
         # must neither fail a write that completed nor hide the error of one that failed; a

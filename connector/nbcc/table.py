@@ -599,9 +599,11 @@ class Table:
 
     def compact(self, progress: Callable[[int, int], None] | None = None) -> str | None:
         """Finish the compactions scheduled earlier (by a write's compaction_delta_commits, by
-        schedule_compaction, or left by a run that crashed), oldest first, then schedule and
-        execute a new one; the instant of the last compaction run, or None if there was nothing
-        to compact. `progress(done, total)` is called per file group of each."""
+        schedule_compaction, or left by a run that failed or crashed), oldest first, then
+        schedule and execute a new one; the instant of the last compaction run, or None if there
+        was nothing to compact. One that another process is executing (a fresh heartbeat) is
+        left to it, with a warning; `run_compaction(instant)` runs it regardless. `progress(done,
+        total)` is called per file group of each."""
         def run(tc: str, _: bool) -> str:
             self.run_compaction(tc, progress)
             return tc

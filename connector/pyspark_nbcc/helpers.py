@@ -116,13 +116,16 @@ def compact(spark: SparkSession, uri: str, *, instant: str | None = None, schedu
             **options: Any) -> str | None:
     """Compact the table at `uri` on Spark, one task per file group, as `Table.compact` does in
     one process: finish the compactions scheduled earlier (by a write's compaction_delta_commits,
-    by schedule_only, or left by a run that crashed), oldest first, then schedule and run a new
-    one. Returns the instant of the last compaction run (None if there was nothing to compact).
+    by schedule_only, or left by a run that crashed), oldest first, but for one that another
+    process is executing (a fresh heartbeat: left to it, with a warning), then schedule and run
+    a new one. Returns the instant of the last compaction run (None if there was nothing to
+    compact).
 
     `schedule_only=True` only schedules one (on the driver, under the table lock) and returns its
-    instant; `instant=tc` runs (or finishes) that one alone, and returns it at once if it is
-    completed already. Each task merges one file group into a base file with a token of its own
-    (a run id, the task index and its task attempt id), and the driver completes the instant.
+    instant; `instant=tc` runs (or finishes) that one alone, whatever its heartbeat says, and
+    returns it at once if it is completed already. Each task merges one file group into a base
+    file with a token of its own (a run id, the task index and its task attempt id), and the
+    driver completes the instant.
     `options` are `storage.*` options (as for reads and writes)."""
     if instant is not None and schedule_only:
         raise InvalidOptionError("give instant (run a scheduled compaction) or schedule_only=True (schedule "
