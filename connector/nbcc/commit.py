@@ -100,11 +100,14 @@ class WriteTransaction:
         return self.instant
 
     def commit(self, files: Iterable[dict[str, Any]], extra: dict[str, Any] | None = None,
-               partitions: Iterable[str] = (), match: PartitionMatch | None = None) -> str:
+               partitions: Iterable[str] = (), match: PartitionMatch | None = None,
+               beating: heartbeat.Heartbeat | None = None) -> str:
         """Complete the instant; returns its completion time. A `replacepartitions` replaces the
         partitions of its files, `partitions` (those a partition deletion's rows name), and
         those `match` matched (a replaceWhere's, a deletion's filter), with, found under the
-        lock, those that commits completed since its listing created and that match too."""
+        lock, those that commits completed since its listing created and that match too.
+        `beating`: the heartbeat thread of this process's write, stopped once the commit
+        completed, so that the tidying's delete of the heartbeat is its last."""
         files = sorted(files, key=lambda f: (f["partition"], f["name"]))
         for f in files:
             parsed = parse_data_file(f["name"])
@@ -154,9 +157,13 @@ class WriteTransaction:
             indexed = index_commit(self.storage, metadata, maintain=False)
         # The commit is published: what follows is tidying, and must never fail the write
         # (a failure here would make Spark call abort on a committed instant).
+        if beating is not None:
+            beating.stop()
         try:
             self.storage.delete_many([*pending_files(self.instant, self.action),
                                       heartbeat.heartbeat_file(self.instant)])  # one request on S3
+            if beating is not None:
+                beating.removed = True
         except Exception as exc:  # noqa: BLE001
             log.warning("commit %s completed; removing its pending files failed: %s", self.instant, exc)
         if indexed:

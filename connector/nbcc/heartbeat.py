@@ -84,6 +84,7 @@ class Heartbeat:
                  keep_if_failed: bool = False, beat_first: bool = True):
         self.storage, self.instant, self.interval_s, self.keep = storage, instant, interval_s, keep
         self.keep_if_failed, self.beat_first = keep_if_failed, beat_first
+        self.removed = False  # set by whoever deleted the file after stop(): exiting need not
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"nbcc-heartbeat-{instant}", daemon=True)
 
@@ -100,10 +101,16 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - a missed beat is retried; expiry is generous
                 pass
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
+    def stop(self) -> None:
+        """Stop beating for good: no late beat can put the file back once it is deleted (a
+        commit's tidying deletes it with the pending files, in one request on S3)."""
         self._stop.set()
-        self._thread.join()
-        if self.keep:
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.stop()
+        if self.keep or self.removed:
             return
         if self.keep_if_failed and exc_type is not None:
             try:

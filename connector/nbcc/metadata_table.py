@@ -230,9 +230,10 @@ def commit_rows(mdt: Any, data: pa.Table, operation: str = UPSERT) -> str:
     txn = WriteTransaction(mdt.storage, mdt.clock, DELTA_COMMIT, operation, SCHEMA, partition_depth=1)
     txn.begin()
     writer = LogWriter(mdt.storage, mdt.config, SCHEMA, txn.instant, make_token(0, 0, 0))
-    with Heartbeat(mdt.storage, txn.instant, interval_s(mdt.config.heartbeat_timeout_s)):
+    # begin() beat just now.
+    with Heartbeat(mdt.storage, txn.instant, interval_s(mdt.config.heartbeat_timeout_s), beat_first=False) as beating:
         writer.write(prepare(data, mdt.config, SCHEMA, operation))
-        txn.commit(writer.close())
+        txn.commit(writer.close(), beating=beating)
     return txn.instant
 
 

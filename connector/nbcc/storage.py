@@ -430,8 +430,12 @@ class Storage:
                 return []
         self.fs.invalidate_cache(path)
         try:
-            if prefix and self.is_s3:
-                entries = self.fs.find(path, maxdepth=1, withdirs=True, prefix=prefix)
+            if self.is_s3:
+                # One request per page, the prefix applied by S3. fs.ls lists the parent folder
+                # once more when a folder is empty (to tell a file from nothing), a request lost
+                # on every load of an empty .nbcc/history, savepoints or heartbeats folder.
+                entries = [e["name"] for e in sync(self.fs.loop, self.fs._lsdir, path, refresh=True, prefix=prefix)]
+                self.fs.invalidate_cache(path)  # a partial (prefix) listing must not answer later calls
             else:
                 with _MEMORY_LOCK if self.is_memory else contextlib.nullcontext():
                     entries = self.fs.ls(path, detail=False)

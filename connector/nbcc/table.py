@@ -441,7 +441,8 @@ class Table:
         writer = self.log_writer(txn, make_token(0, 0, 0), given.get("max_log_file_bytes"))
         try:
             # begin_write beat just now (on S3, a request less).
-            with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s), beat_first=False):
+            with Heartbeat(self.storage, txn.instant, interval_s(self.config.heartbeat_timeout_s),
+                           beat_first=False) as beating:
                 try:
                     for rows in (pieces if by_file_group else coalesced(pieces)):
                         prepared = prepare(rows, self.config, txn.schema, operation)
@@ -456,7 +457,8 @@ class Table:
                     raise
                 # replaceWhere names the partitions that match it as of its completion (§8).
                 extra = {**(commit_extra or {}), **({"replace_where": replace.text} if replace else {})}
-                txn.commit(files, extra, match=self.match_partitions(replace.filter) if replace else None)
+                txn.commit(files, extra, match=self.match_partitions(replace.filter) if replace else None,
+                           beating=beating)
         except BaseException as failure:
             # Undone at once, as a failed Spark job's abort does, rather than left for the cleaner
             # once its heartbeat expires (a commit that completed is never rolled back). Not when
