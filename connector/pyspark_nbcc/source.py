@@ -40,7 +40,8 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
-from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructField, StructType, VariantType
+from pyspark.sql.types import (ArrayType, DataType, DoubleType, FloatType, IntegralType, MapType, NumericType, StructField,
+                               StructType, VariantType)
 
 from nbcc import Table
 from nbcc.table import ReplaceWhere
@@ -235,11 +236,23 @@ def widened_since_loaded(table_schema: pa.Schema, columns: StructType) -> list[s
 def _check_given_schema(given: StructType, own: StructType, current: list[str]) -> None:
     """A schema given with `.schema(...)` may leave columns out, but every column it names must be
     one the read has (or the table has now: as of an older time, a later column reads as null),
-    spelled as the table spells it: a misspelt column would read as null in every row, silently."""
+    spelled as the table spells it: a misspelt column would read as null in every row, silently.
+    Each column it types must have the read's type, or another of its kind (integers, floating
+    point; README: a widened column read at its old type): read as another kind, numbers would
+    become text or text numbers, silently, where Spark's Parquet source fails the read."""
     names = set(own.fieldNames()) | set(current)
     by_case = {n.lower(): n for n in names}
-    for name in given.fieldNames():
+    types = {f.name: f.dataType for f in own.fields}
+    for f in given.fields:
+        name = f.name
         if name in names:
+            if name in types and not _reads_as(types[name], f.dataType):
+                have, asked = types[name].simpleString(), f.dataType.simpleString()
+                kind = _kind(types[name])
+                wider = f" (or another {kind} type)" if kind else ""
+                raise SchemaError(f"the schema given with .schema(...) reads column {name!r} as {asked}, but the "
+                                  f"table's {name!r} is {have}; give {have}{wider}, or leave .schema(...) out "
+                                  f"to read the table's own schema (cast after reading to get {asked})")
             continue
         if name.lower() in by_case:
             raise SchemaError(f"the schema given with .schema(...) names column {name!r}, which the table "
@@ -247,6 +260,21 @@ def _check_given_schema(given: StructType, own: StructType, current: list[str]) 
         raise SchemaError(f"the schema given with .schema(...) names column {name!r}, which this read does "
                           f"not have (its columns: {', '.join(own.fieldNames())}); correct it, or leave "
                           ".schema(...) out to read the table's own schema")
+
+
+def _reads_as(have: DataType, asked: DataType) -> bool:
+    """Whether a column of Spark type `have` may be read as `asked`: the same type (nested
+    fields' nullability aside), or one of its kind, which the reader casts to (checked: an
+    integer that does not fit fails the read)."""
+    return have.simpleString() == asked.simpleString() or _kind(have) is not None and _kind(have) == _kind(asked)
+
+
+def _kind(t: DataType) -> str | None:
+    if isinstance(t, IntegralType):
+        return "integer"
+    if isinstance(t, (FloatType, DoubleType)):
+        return "floating-point"
+    return None
 
 
 class DefaultSource(DataSource):
