@@ -40,8 +40,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 from pyspark.sql.pandas.types import from_arrow_schema, from_arrow_type, to_arrow_schema
-from pyspark.sql.types import (ArrayType, DataType, DoubleType, FloatType, IntegralType, MapType, NumericType, StructField,
-                               StructType, VariantType)
+from pyspark.sql.types import ArrayType, DataType, MapType, NumericType, StructField, StructType, VariantType
 
 from nbcc import Table
 from nbcc.table import ReplaceWhere
@@ -237,9 +236,10 @@ def _check_given_schema(given: StructType, own: StructType, current: list[str]) 
     """A schema given with `.schema(...)` may leave columns out, but every column it names must be
     one the read has (or the table has now: as of an older time, a later column reads as null),
     spelled as the table spells it: a misspelt column would read as null in every row, silently.
-    Each column it types must have the read's type, or another of its kind (integers, floating
-    point; README: a widened column read at its old type): read as another kind, numbers would
-    become text or text numbers, silently, where Spark's Parquet source fails the read."""
+    Each column it types must have the read's type or, for a number, another numeric type (as
+    Spark's Parquet source reads an int as a bigint or a double; README: a widened column read at
+    its old type), which the reader casts, checked. Any other type would change values silently
+    (numbers read as text, text as numbers), where Spark's Parquet source fails the read."""
     names = set(own.fieldNames()) | set(current)
     by_case = {n.lower(): n for n in names}
     types = {f.name: f.dataType for f in own.fields}
@@ -248,8 +248,7 @@ def _check_given_schema(given: StructType, own: StructType, current: list[str]) 
         if name in names:
             if name in types and not _reads_as(types[name], f.dataType):
                 have, asked = types[name].simpleString(), f.dataType.simpleString()
-                kind = _kind(types[name])
-                wider = f" (or another {kind} type)" if kind else ""
+                wider = " (or another numeric type)" if isinstance(types[name], NumericType) else ""
                 raise SchemaError(f"the schema given with .schema(...) reads column {name!r} as {asked}, but the "
                                   f"table's {name!r} is {have}; give {have}{wider}, or leave .schema(...) out "
                                   f"to read the table's own schema (cast after reading to get {asked})")
@@ -264,17 +263,10 @@ def _check_given_schema(given: StructType, own: StructType, current: list[str]) 
 
 def _reads_as(have: DataType, asked: DataType) -> bool:
     """Whether a column of Spark type `have` may be read as `asked`: the same type (nested
-    fields' nullability aside), or one of its kind, which the reader casts to (checked: an
-    integer that does not fit fails the read)."""
-    return have.simpleString() == asked.simpleString() or _kind(have) is not None and _kind(have) == _kind(asked)
-
-
-def _kind(t: DataType) -> str | None:
-    if isinstance(t, IntegralType):
-        return "integer"
-    if isinstance(t, (FloatType, DoubleType)):
-        return "floating-point"
-    return None
+    fields' nullability aside), or, for a number, any numeric type, which the reader casts to
+    (checked: a value that does not fit, or would lose digits as an integer, fails the read)."""
+    return have.simpleString() == asked.simpleString() or \
+        isinstance(have, NumericType) and isinstance(asked, NumericType)
 
 
 class DefaultSource(DataSource):
