@@ -722,6 +722,19 @@ def test_a_listing_on_s3_is_one_request_even_of_an_empty_folder(s3_table, monkey
     assert st.list_names("t", prefix="c") == ["c.json"] and "c.json" in st.list_names("t")
 
 
+def test_a_clean_on_s3_loads_the_timeline_once_before_planning(s3_table, monkeypatch):
+    # Rolling back failed writes and finishing unfinished cleans each loaded the timeline (and
+    # its history), as did planning: the first two now share one load.
+    uri, opts = s3_table
+    table = nbcc.Table.create(uri, pa.schema([("id", pa.int64())]), "id", buckets=1, storage_options=opts)
+    table.write(pa.table({"id": pa.array([1], pa.int64())}))
+    calls = _s3_calls(table.storage, monkeypatch, lists=True)
+    assert table.clean()["deleted"] == []  # nothing to delete: no clean instant, no heartbeat tidying
+    timeline = [k for m, k in calls if m == "list_objects_v2" and k.endswith("/.nbcc/timeline/")]
+    assert len(timeline) == 2, calls  # before planning, and planning
+    assert table.read().to_pylist() == [{"id": 1}]
+
+
 def test_reads_and_compaction_on_s3_open_each_data_file_with_one_request(s3_table, monkeypatch):
     # A data file's size is in its commit: opening it asked S3 for the size first (a HEAD per
     # file), half the requests of a read of small log files, and of a compaction.

@@ -185,17 +185,20 @@ def clean(storage: Storage, config: TableConfig, clock: TimeGenerator,
     retain_commits = check_retention(retain_commits, retain_hours)
     timeout = config.heartbeat_timeout_s if heartbeat_timeout_s is None else heartbeat_timeout_s
     extra: dict[str, Any] = {}  # for the caller, not the clean's metadata: what else the run did, its plan
+    # One load for the failed writes and the unfinished cleans: rolling writes back changes no
+    # clean. Planning loads it again, to see the rollbacks.
+    before = Timeline.load(storage)
     if dry_run:
-        rolled_back = [failed.instant for failed in failed_writes(storage, timeout)]
+        rolled_back = [failed.instant for failed in failed_writes(storage, timeout, before)]
         extra["rolled_back_files"] = sorted(map(list, files_of_instants(storage, len(config.partition_by),
                                                                         set(rolled_back))))
-        unfinished = _pending_cleans(storage)
+        unfinished = _pending_cleans(storage, before)
         extra["finished_cleans"] = _files_left(storage, config, unfinished)
     else:
-        rolled_back_files = rollback_failed_writes(storage, clock, len(config.partition_by), timeout)
+        rolled_back_files = rollback_failed_writes(storage, clock, len(config.partition_by), timeout, before)
         rolled_back = list(rolled_back_files)
         extra["rolled_back_files"] = sorted(list(f) for files in rolled_back_files.values() for f in files)
-        extra["finished_cleans"] = _finish_pending_cleans(storage, config, clock)
+        extra["finished_cleans"] = _finish_pending_cleans(storage, config, clock, before)
         unfinished = []
     timeline = Timeline.load(storage)
     plan = plan_clean(storage, config, retain_commits, timeline, retain_hours)
@@ -281,17 +284,18 @@ def _remove_stale_heartbeats(storage: Storage) -> None:
                          if name.endswith(".json") and name[:-5] not in pending])
 
 
-def _pending_cleans(storage: Storage) -> list[tuple[Instant, dict[str, Any]]]:
+def _pending_cleans(storage: Storage, timeline: Timeline) -> list[tuple[Instant, dict[str, Any]]]:
     """The cleans that a crash left requested, with their plans."""
-    return [(inst, plan) for inst, plan in read_cleans(storage, Timeline.load(storage)) if not inst.is_completed]
+    return [(inst, plan) for inst, plan in read_cleans(storage, timeline) if not inst.is_completed]
 
 
-def _finish_pending_cleans(storage: Storage, config: TableConfig, clock: TimeGenerator) -> list[dict[str, Any]]:
+def _finish_pending_cleans(storage: Storage, config: TableConfig, clock: TimeGenerator,
+                           timeline: Timeline) -> list[dict[str, Any]]:
     """Complete cleans that a crash left requested (their deletes are idempotent), keeping the
     files of savepoints their plans did not know; each one's instant and the files it deleted
     (those a crashed run deleted already among them)."""
     finished = []
-    for inst, plan in _pending_cleans(storage):
+    for inst, plan in _pending_cleans(storage, timeline):
         result = {"action": CLEAN, "instant": inst.instant, "earliest_retained": plan["earliest_retained"],
                   **committed_by(), "rolled_back": [], "files": [], "savepoints": plan.get("savepoints", []),
                   **_delete_planned(storage, config, plan)}

@@ -140,11 +140,11 @@ def failed_writes(storage: Storage, timeout_s: float, timeline: Timeline | None 
 
 
 def rollback_failed_writes(storage: Storage, clock: TimeGenerator, partition_depth: int,
-                           timeout_s: float) -> dict[str, set[tuple[str, str]]]:
-    """Lazily roll back every write whose heartbeat expired; the instants rolled back, each with
-    the (partition, file) pairs of its that were deleted."""
+                           timeout_s: float, timeline: Timeline | None = None) -> dict[str, set[tuple[str, str]]]:
+    """Lazily roll back every write whose heartbeat expired (of `timeline`, loaded if None); the
+    instants rolled back, each with the (partition, file) pairs of its that were deleted."""
     done = {}
-    for failed in failed_writes(storage, timeout_s):
+    for failed in failed_writes(storage, timeout_s, timeline):
         reason = f"heartbeat expired ({failed.idle_s:.0f} s without one, timeout {timeout_s:.0f} s)"
         deleted = _roll_back(storage, clock, failed.instant, partition_depth, (), reason, timeout_s)
         if deleted is not None:
