@@ -434,8 +434,10 @@ class Storage:
                 # One request per page, the prefix applied by S3. fs.ls lists the parent folder
                 # once more when a folder is empty (to tell a file from nothing), a request lost
                 # on every load of an empty .nbcc/history, savepoints or heartbeats folder.
-                entries = [e["name"] for e in sync(self.fs.loop, self.fs._lsdir, path, refresh=True, prefix=prefix)]
-                self.fs.invalidate_cache(path)  # a partial (prefix) listing must not answer later calls
+                try:
+                    entries = [e["name"] for e in sync(self.fs.loop, self.fs._lsdir, path, refresh=True, prefix=prefix)]
+                finally:  # older s3fs versions cache a partial (prefix) listing: it must answer no later call
+                    self.fs.invalidate_cache(path)
             else:
                 with _MEMORY_LOCK if self.is_memory else contextlib.nullcontext():
                     entries = self.fs.ls(path, detail=False)
