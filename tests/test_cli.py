@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from decimal import Decimal
 from pathlib import Path
 
@@ -139,6 +140,7 @@ def test_timeline_says_when_and_why_a_write_was_rolled_back(local_table, capsys)
     manual = table.begin_write(SCHEMA)
     table.rollback(manual.instant)
     expired = table.begin_write(SCHEMA)
+    time.sleep(0.01)  # idle longer than 0 s: within its first millisecond it is not
     assert table.rollback_failed_writes(heartbeat_timeout_s=0) == [expired.instant]
     table.write(batch(range(8), 5))
     table.write(batch(range(8), 6))
@@ -434,6 +436,21 @@ def test_compact_leaves_a_compaction_that_another_process_executes_and_runs_it_b
     assert f"warning: compaction {tc} has an execution whose last heartbeat is" in err
     assert table.pending_compactions() == []
     assert snapshot(table) == before
+
+
+def test_compact_merges_file_groups_in_parallel_as_asked(local_table, capsys):
+    uri, _ = local_table
+    table, _ = make_table(uri, commits=2)
+    before = snapshot(table)
+    code, out, _ = run(capsys, "compact", uri, "--quiet", "--parallelism", "3")
+    assert code == 0 and "completed at" in out
+    assert all(s.base_file and not s.log_files for s in table.file_slices()) and snapshot(table) == before
+    code, _, err = run(capsys, "compact", uri, "--parallelism", "0")
+    assert code == 2 and "--parallelism: must be at least 1, got 0" in err
+    table.write(batch([1], 7))
+    code, _, err = run(capsys, "compact", uri, "--schedule-only", "--parallelism", "2")
+    assert code == 1 and "--parallelism is for running compactions; --schedule-only runs none" in err
+    assert table.pending_compactions() == []
 
 
 def test_compact_schedule_only_then_run_by_instant(local_table, capsys):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import time
 from pathlib import Path
@@ -160,7 +161,7 @@ def stalling(*args, **kwargs):
     return out
 
 compaction.compact_file_group = stalling
-table.run_compaction(tc)
+table.run_compaction(tc, parallelism=1)  # one file group after the other: exactly two written
 sys.exit("the compaction completed although it was meant to stall")
 """
 
@@ -1263,19 +1264,19 @@ def test_a_compaction_that_keeps_failing_is_tried_again_once_per_heartbeat_timeo
     tc = table.schedule_compaction()
     runs = []
 
-    def failing(*args, **kwargs):
-        runs.append(1)
+    def failing(storage, config, tc_, op, token, **_):
+        runs.append(token)  # an execution's token: its file groups may merge in parallel
         raise OSError("a damaged input file")
     monkeypatch.setattr(nbcc.compaction, "compact_file_group", failing)
     inline = {"compaction_delta_commits": 1, "compaction_inline": True}
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)  # abandoned: nothing ever executed it
     ref.write(table, KEYS[:5], "c1", inline)
-    assert len(runs) == 1
+    assert len(set(runs)) == 1
     ref.write(table, KEYS[5:10], "c2", inline)  # it failed just now: not again yet
-    assert len(runs) == 1
+    assert len(set(runs)) == 1
     time.sleep(HEARTBEAT_TIMEOUT_S + 0.5)
     ref.write(table, KEYS[10:15], "c3", inline)
-    assert len(runs) == 2 and table.pending_compactions() == [tc]
+    assert len(set(runs)) == 2 and table.pending_compactions() == [tc]
     assert snapshot(table) == ref.expected()
 
 def test_a_compaction_job_leaves_a_compaction_that_another_process_is_executing(tmp_path, monkeypatch, caplog):
@@ -1288,12 +1289,12 @@ def test_a_compaction_job_leaves_a_compaction_that_another_process_is_executing(
     tc = table.schedule_compaction()
     real, merged_by, started, release = nbcc.compaction.compact_file_group, [], threading.Event(), threading.Event()
 
-    def merge(storage, config, tc_, op, token):
+    def merge(storage, config, tc_, op, token, **kw):
         merged_by.append(threading.current_thread().name)
-        if threading.current_thread().name == "executor":
+        if threading.current_thread() is not threading.main_thread():  # the executor's, held
             started.set()
             assert release.wait(WAIT_S)
-        return real(storage, config, tc_, op, token)
+        return real(storage, config, tc_, op, token, **kw)
     monkeypatch.setattr(nbcc.compaction, "compact_file_group", merge)
     done: list[str | None] = []
     executor = threading.Thread(target=lambda: done.append(nbcc.Table.open(table.uri).run_compaction(tc)),
@@ -1315,6 +1316,96 @@ def test_a_compaction_job_leaves_a_compaction_that_another_process_is_executing(
     bases = files_of_instant(data_files(table.uri), tc)
     groups = {(f.rsplit("/", 1)[0], f.rsplit("/", 1)[1].split("_")[0]) for f in bases}
     assert len(bases) == len(groups) > 0  # one base file per file group: one execution wrote them
+    assert snapshot(table) == ref.expected()
+
+
+@pytest.mark.parametrize("parallelism", [1, 3])
+def test_one_process_merges_file_groups_in_parallel_threads(tmp_path, monkeypatch, parallelism):
+    import nbcc.compaction
+    table, ref = table_with_rows(str(tmp_path / "t"), buckets=4)  # 8 file groups in 2 partitions
+    ref.write(table, KEYS[:30], "c1")
+    real, merged_on, together = nbcc.compaction.compact_file_group, [], threading.Barrier(2, timeout=WAIT_S)
+
+    def merge(*args, **kwargs):
+        merged_on.append(threading.current_thread())
+        if parallelism > 1 and len(merged_on) <= 2:
+            together.wait()  # the first two merge at the same time, or this fails
+        return real(*args, **kwargs)
+    monkeypatch.setattr(nbcc.compaction, "compact_file_group", merge)
+    progress: list[tuple[int, int, str]] = []
+    assert table.compact(lambda done, total: progress.append((done, total, threading.current_thread().name)),
+                         parallelism=parallelism) is not None
+    groups = {(s.partition, s.file_group_id) for s in table.file_slices()}
+    assert len(groups) == 8 and all(s.log_files == [] and s.base_file for s in table.file_slices())
+    assert progress == [(n, 8, threading.current_thread().name) for n in range(1, 9)]  # told in order, here
+    assert len(merged_on) == 8
+    if parallelism == 1:
+        assert set(merged_on) == {threading.current_thread()}
+    else:
+        assert threading.current_thread() not in merged_on and 2 <= len(set(merged_on)) <= parallelism
+    assert snapshot(table) == ref.expected()
+    ref.write(table, KEYS[:5], "c2")
+    for wrong in (0, -1, 1.5, "2", True):
+        with pytest.raises(nbcc.NbccError, match=rf"parallelism must be a positive integer.*got {re.escape(repr(wrong))}"):
+            table.compact(parallelism=wrong)
+    assert table.pending_compactions() == []  # checked before anything was scheduled
+
+
+def test_by_default_a_process_merges_one_file_group_per_usable_cpu_at_most_four(monkeypatch):
+    from nbcc.compaction import check_parallelism
+    for cpus, expected in ((1, 1), (3, 3), (64, 4)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _, n=cpus: set(range(n)))
+        assert check_parallelism(None) == expected
+    assert check_parallelism(16) == 16  # asked for
+
+
+def test_a_writers_inline_compaction_merges_in_the_writers_thread(tmp_path, monkeypatch):
+    # Inside a writer's process (a Spark driver, a stream) it takes no more CPUs and memory than
+    # a merge of one file group at a time.
+    import nbcc.compaction
+    table, ref = table_with_rows(str(tmp_path / "t"), buckets=4)
+    real, merged_on = nbcc.compaction.compact_file_group, []
+
+    def merge(*args, **kwargs):
+        merged_on.append(threading.current_thread())
+        return real(*args, **kwargs)
+    monkeypatch.setattr(nbcc.compaction, "compact_file_group", merge)
+    ref.write(table, KEYS[:30], "c1", {"compaction_delta_commits": 1, "compaction_inline": True})
+    assert len(merged_on) == 8 and set(merged_on) == {threading.current_thread()}
+    assert table.pending_compactions() == [] and snapshot(table) == ref.expected()
+
+
+def test_a_failing_file_group_stops_a_parallel_execution_at_once(tmp_path, monkeypatch):
+    # The first failure fails the execution: merges not started never start, and those running
+    # stop at their next piece rather than merging on to their end (minutes, for large groups).
+    import nbcc.compaction
+    table, ref = table_with_rows(str(tmp_path / "t"), buckets=4)
+    ref.write(table, KEYS[:30], "c1")
+    tc = table.schedule_compaction()
+    real, calls, second, stopped = nbcc.compaction.compact_file_group, [], threading.Event(), []
+
+    def merge(storage, config, tc_, op, token, stop=None):
+        calls.append(op["file_group"])
+        if len(calls) == 1:
+            assert second.wait(WAIT_S)
+            raise OSError("a damaged input file")
+        second.set()
+        assert stop.wait(WAIT_S)  # the failure stops it
+        try:
+            return real(storage, config, tc_, op, token, stop=stop)
+        except nbcc.compaction.MergeStopped as exc:
+            stopped.append(str(exc))
+            raise
+    monkeypatch.setattr(nbcc.compaction, "compact_file_group", merge)
+    with pytest.raises(OSError, match="damaged"):
+        table.run_compaction(tc, parallelism=2)
+    # The other file groups never started, but one that the failed merge's thread may take
+    # before they are cancelled; every merge but the failed one stopped at its first piece.
+    assert 2 <= len(calls) <= 3
+    assert len(stopped) == len(calls) - 1 and all(m.startswith("the merge of file group") for m in stopped)
+    assert table.pending_compactions() == [tc]
+    monkeypatch.undo()
+    assert table.compact(parallelism=2) == tc and table.pending_compactions() == []
     assert snapshot(table) == ref.expected()
 
 
@@ -1388,10 +1479,10 @@ def test_a_compaction_that_fails_does_not_keep_compact_from_the_other_file_group
     ref.write(table, range(1000, 1010), "c1", part=lambda k: "new")  # file groups outside its plan
     real = nbcc.compaction.compact_file_group
 
-    def failing(storage, config, tc, op, token):
+    def failing(storage, config, tc, op, token, **kw):
         if tc == broken:
             raise OSError("a damaged input file")
-        return real(storage, config, tc, op, token)
+        return real(storage, config, tc, op, token, **kw)
 
     monkeypatch.setattr(nbcc.compaction, "compact_file_group", failing)
     with caplog.at_level("WARNING", logger="nbcc.compaction"), pytest.raises(OSError, match="a damaged input file"):

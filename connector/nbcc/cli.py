@@ -293,7 +293,7 @@ def cmd_slices(args: argparse.Namespace) -> int:
 
 def _run_compaction(table: Table, args: argparse.Namespace, tc: str) -> str | None:
     with _progress(args, f"compaction {tc}", "file group") as progress:
-        return table.run_compaction(tc, progress)
+        return table.run_compaction(tc, progress, parallelism=args.parallelism)
 
 
 def cmd_compact(args: argparse.Namespace) -> int:
@@ -303,6 +303,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
     ran: list[dict[str, Any]] = []
     say = _quiet_if(args.json)
     if args.schedule_only:
+        if args.parallelism is not None:
+            raise InvalidOptionError("--parallelism is for running compactions; --schedule-only runs none")
         tc = table.schedule_compaction()
         pending = [p for p in table.pending_compactions() if p != tc]  # left by earlier runs, or running
         if args.json:
@@ -805,6 +807,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "seems to execute it (after a kill, say)")
     which.add_argument("--schedule-only", action="store_true",
                        help="only schedule; print the compaction's instant (run it later with --instant)")
+    p.add_argument("--parallelism", metavar="N", type=_positive_int,
+                   help="file groups merged at once (default: one per CPU, at most 4); each holds its own merge's "
+                        "memory, so a lower N lowers the peak")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true",
                    help="print a JSON object instead: compactions (each: instant, completion, ran, was_pending: "

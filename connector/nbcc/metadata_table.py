@@ -375,9 +375,9 @@ def upkeep(mdt: Any, force: bool = False) -> None:
         # finishes it), so only compacting waits; cleaning and archival go on (format.md §18.7).
         if force or not pending:
             for tc in pending:
-                mdt.run_compaction(tc)
+                mdt.run_compaction(tc, parallelism=1)  # small, and inside a writer's commit
             if delta_commits_since_compaction(timeline) >= (1 if force else COMPACT_EVERY):
-                mdt.compact()
+                mdt.compact(parallelism=1)
         if force or sum(1 for i in timeline.instants if not i.archived) > ARCHIVE_ABOVE:
             mdt.clean(retain_commits=RETAIN_COMMITS)  # archival goes up to the window it retains
             mdt.archive(retain_commits=RETAIN_COMMITS)

@@ -17,7 +17,7 @@ from .clock import BEFORE_ALL, TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
-from .compaction import maybe_compact, run_compaction, run_compactions, schedule_compaction
+from .compaction import check_parallelism, maybe_compact, run_compaction, run_compactions, schedule_compaction
 from .heartbeat import Heartbeat, idle_ms, interval_s
 from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
@@ -545,11 +545,14 @@ class Table:
         nothing to compact. Writers keep writing; nothing waits for the compaction."""
         return schedule_compaction(self.storage, self.config, self.clock)
 
-    def run_compaction(self, instant: str, progress: Callable[[int, int], None] | None = None) -> str | None:
+    def run_compaction(self, instant: str, progress: Callable[[int, int], None] | None = None, *,
+                       parallelism: int | None = None) -> str | None:
         """Execute a scheduled compaction in this process; its completion time (None if another
         execution completed it first). Safe to re-run after a crash. `progress(done, total)` is
-        called per file group."""
-        return run_compaction(self.storage, self.config, self.clock, instant, progress)
+        called per file group. `parallelism`: file groups merged at once, by threads (default:
+        one per CPU, at most 4); each holds its own merge's memory, so lower it to lower the
+        peak."""
+        return run_compaction(self.storage, self.config, self.clock, instant, progress, parallelism)
 
     def pending_compactions(self) -> list[str]:
         """Compactions scheduled and not completed (e.g. one whose run crashed: re-run it)."""
@@ -599,15 +602,18 @@ class Table:
         listing the active timeline stays fast as the table ages)."""
         return archive(self.storage, retain_commits)
 
-    def compact(self, progress: Callable[[int, int], None] | None = None) -> str | None:
+    def compact(self, progress: Callable[[int, int], None] | None = None, *,
+                parallelism: int | None = None) -> str | None:
         """Finish the compactions scheduled earlier (by a write's compaction_delta_commits, by
         schedule_compaction, or left by a run that failed or crashed), oldest first, then
         schedule and execute a new one; the instant of the last compaction run, or None if there
         was nothing to compact. One that another process is executing (a fresh heartbeat) is
         left to it, with a warning; `run_compaction(instant)` runs it regardless. `progress(done,
-        total)` is called per file group of each."""
+        total)` is called per file group of each; `parallelism` as for run_compaction."""
+        check_parallelism(parallelism)  # before anything is scheduled
+
         def run(tc: str, _: bool) -> str:
-            self.run_compaction(tc, progress)
+            self.run_compaction(tc, progress, parallelism=parallelism)
             return tc
 
         ran = run_compactions(self.storage, self.config, self.clock, run)
