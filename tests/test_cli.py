@@ -287,6 +287,7 @@ def test_describe_shows_settings_columns_instants_how_far_back_reads_go_and_what
     assert d["latest_commit"] == {"instant": written[-1], "action": "deltacommit",
                                   "completion": completion_of(table, written[-1])}
     assert d["pending_compactions"] == [pending] and inflight.instant not in d["pending_compactions"]
+    assert d["compactions_executing"] == []  # scheduled, and nothing executes it
     assert d["metadata_table"] == {"files": "ready"}
     # What a snapshot read opens: the compaction's base file of each file group, and the log files
     # of the two commits after it.
@@ -426,6 +427,11 @@ def test_compact_leaves_a_compaction_that_another_process_executes_and_runs_it_b
     assert f"nbcc compact {uri} --instant {tc}" in out and "300 s" in out  # what to do if it was killed
     assert "nothing to compact" not in out
     assert table.pending_compactions() == [tc]
+    # describe tells an operator the same
+    described = json.loads(run(capsys, "describe", uri, "--json")[1])
+    assert [e["instant"] for e in described["compactions_executing"]] == [tc]
+    line = next(line for line in run(capsys, "describe", uri)[1].splitlines() if line.startswith("pending compactions"))
+    assert tc in line and "being executed (last heartbeat" in line
     code, out, _ = run(capsys, "compact", uri, "--json")
     doc = json.loads(out)
     assert code == 0 and doc["compactions"] == []

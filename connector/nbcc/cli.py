@@ -194,8 +194,11 @@ def cmd_describe(args: argparse.Namespace) -> int:
     rows += [
         ["archived instants", str(d["archived_instants"])],
         ["latest data commit", f"{latest['instant']} {latest['action']}, completed {latest['completion']}" if latest else "-"],
-        ["pending compactions", ", ".join(d["pending_compactions"]) or "-"],
     ]
+    executing = {e["instant"]: e["idle_s"] for e in d["compactions_executing"]}
+    rows += [["pending compactions" if n == 0 else "",
+              tc + (f", being executed (last heartbeat {executing[tc]:g} s ago)" if tc in executing else "")]
+             for n, tc in enumerate(d["pending_compactions"])] or [["pending compactions", "-"]]
     timeout = d["heartbeat_timeout_s"]
     rows += [["writes in flight" if n == 0 else "",
               f"{w['instant']} {w['action']}, last heartbeat {w['idle_s']:g} s ago"

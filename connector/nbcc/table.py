@@ -17,7 +17,8 @@ from .clock import BEFORE_ALL, TimeGenerator, parse_time_option
 from .commit import WriteTransaction
 from .archive import archive
 from .clean import DEFAULT_RETAIN_COMMITS, clean
-from .compaction import check_parallelism, maybe_compact, run_compaction, run_compactions, schedule_compaction
+from .compaction import (check_parallelism, executing_compactions, maybe_compact, run_compaction, run_compactions,
+                         schedule_compaction)
 from .heartbeat import Heartbeat, idle_ms, interval_s
 from .history import CommitInfo, commit_history
 from .rollback import rollback_failed_writes, rollback_instant
@@ -836,6 +837,7 @@ class Table:
         files = [f for task in plan.tasks for f in task.files]
         logs = sum(isinstance(parse_data_file(f.rsplit("/", 1)[-1]), LogFile) for f in files)
         c = self.config
+        pending = timeline.pending_compactions()
         # Read afresh: another process's first dynamic partition overwrite may have raised it.
         version = json.loads(self.storage.read_bytes(TABLE_CONFIG_PATH))["format_version"]
         return {
@@ -848,7 +850,11 @@ class Table:
             "archived_instants": sum(i.archived for i in timeline.instants),
             "latest_commit": ({"instant": data[-1].instant, "action": data[-1].action,
                                "completion": data[-1].completion} if data else None),
-            "pending_compactions": timeline.pending_compactions(),
+            "pending_compactions": pending,
+            # Those another process is executing now (a fresh heartbeat): a compaction job
+            # leaves them to it. The others wait for a job (or a writer's inline trigger).
+            "compactions_executing": [{"instant": tc, "idle_s": round(idle, 1)} for tc, idle in
+                                      executing_compactions(self.storage, pending, c.heartbeat_timeout_s).items()],
             # Writes not completed, with how long since each last beat: past heartbeat_timeout_s,
             # a clean rolls it back (its writer died, or stalled that long).
             "writes_in_flight": [{"instant": i.instant, "action": i.action,
