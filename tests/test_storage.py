@@ -707,6 +707,23 @@ def _s3_calls(storage: Storage, monkeypatch, lists: bool = False) -> list[tuple[
     return calls
 
 
+def test_an_s3_uri_with_empty_or_dot_segments_names_the_same_table_as_hadoop_reads_it(s3_table):
+    # S3 keeps "//" and "./" in keys literally: s3://lake//t was created, but its first write
+    # failed ("not pending on the timeline": s3fs listed another key than it wrote), and
+    # s3://lake/./t was another table than s3://lake/t. Hadoop's Path (Spark, Delta) drops them.
+    uri, opts = s3_table
+    bucket, name = uri[len("s3://"):].split("/", 1)
+    odd = f"s3://{bucket}//./{name}/"
+    table = nbcc.Table.create(odd, pa.schema([("id", pa.int64())]), "id", storage_options=opts)
+    assert table.uri == uri
+    table.write(pa.table({"id": pa.array([1], pa.int64())}))
+    assert nbcc.Table.open(uri, opts).read().to_pylist() == [{"id": 1}]
+    assert nbcc.Table.open(f"s3://{bucket}/x/../{name}", opts).read().to_pylist() == [{"id": 1}]
+    assert Storage("memory://a//b/./c/").uri == "memory://a/b/c"
+    with pytest.raises(nbcc.NbccError, match=r"goes above its bucket \('\.\.'\); give the table's path without it"):
+        Storage(f"s3://{bucket}/../{name}", opts)
+
+
 def test_a_listing_on_s3_is_one_request_even_of_an_empty_folder(s3_table, monkeypatch):
     # fs.ls lists the parent folder again when a folder is empty, to tell a file from nothing:
     # every timeline load paid it for an empty .nbcc/history.

@@ -123,6 +123,24 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, _TakenThenFreed) or is_transient(exc)
 
 
+def _normal_key_path(uri: str, rest: str, scheme: str) -> str:
+    """`bucket/key` of an object store URI without empty, "." and ".." segments, as Hadoop's Path
+    (Spark's, Delta's) reads it: S3 keeps them in keys literally, so `s3://lake//t` was another
+    table than `s3://lake/t`, whose listings s3fs then mixed up. Local paths are the OS's."""
+    if scheme in ("file", "local"):
+        return rest
+    bucket, _, key = rest.partition("/")
+    parts: list[str] = []
+    for segment in key.split("/"):
+        if segment == "..":
+            if not parts:
+                raise StorageError(f"{uri!r} goes above its bucket ('..'); give the table's path without it")
+            parts.pop()
+        elif segment not in ("", "."):
+            parts.append(segment)
+    return "/".join([bucket, *parts])
+
+
 class Storage:
     """A table's storage: relative paths (`".nbcc/table.json"`) resolve under the table root."""
 
@@ -139,7 +157,7 @@ class Storage:
         self.uri = str(uri).rstrip("/") or "/"
         scheme, sep, rest = self.uri.partition("://")
         if sep and scheme.isalnum():  # URI schemes are case-insensitive (RFC 3986); fsspec's names are lowercase
-            self.uri = scheme.lower() + sep + rest
+            self.uri = scheme.lower() + sep + _normal_key_path(str(uri), rest, scheme.lower())
         self.storage_options = dict(storage_options or {})
         opts = filesystem_options(self.uri, self.storage_options)
         try:
