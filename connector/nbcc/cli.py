@@ -59,7 +59,7 @@ from typing import Any, Callable, Sequence
 from . import __version__
 from .clean import DEFAULT_RETAIN_COMMITS, check_retention
 from .clock import parse_time, parse_time_option
-from .compaction import compaction_to_run, executing_compactions, run_compactions
+from .compaction import compaction_to_run, executing_compactions, left_to_its_executor, run_compactions
 from .conditions import parse_assignment, parse_conditions, typed_condition, typed_value, with_column_as_spelled
 from .errors import InvalidOptionError, NbccError
 from .indexing import DEFAULT_TIMEOUT_S
@@ -351,11 +351,8 @@ def cmd_compact(args: argparse.Namespace) -> int:
 
     def leave(tc: str, idle_s: float) -> None:
         elsewhere.append({"instant": tc, "idle_s": round(idle_s, 1)})
-        same = " (with the same --storage-option flags)" if args.storage_options else ""
-        say(f"compaction {tc} is being executed by another process (last heartbeat {idle_s:.0f} s ago); "
-            f"left to it. If that process is gone (killed), the compaction counts as abandoned once its "
-            f"heartbeat is {timeout} s old (heartbeat_timeout_s); `nbcc compact {table.uri} --instant {tc}`{same} "
-            "runs it now")
+        say(left_to_its_executor(table.uri, tc, idle_s, timeout,
+                                 "(with the same --storage-option flags)" if args.storage_options else ""))
 
     ran = run_compactions(table.storage, table.config, table.clock, run, leave)
     if not ran and not elsewhere:

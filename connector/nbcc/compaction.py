@@ -304,6 +304,14 @@ def executing_compactions(storage: Storage, pending: list[str], timeout_s: float
             if b is not None and not b[1] and now - b[0] <= timeout_s * 1000}
 
 
+def left_to_its_executor(uri: str, tc: str, idle_s: float, timeout_s: float, other_ways: str = "") -> str:
+    """What a compaction job says of a compaction `tc` it left to the process executing it."""
+    return (f"compaction {tc} is being executed by another process (last heartbeat {idle_s:.0f} s ago); left to "
+            f"it. If that process is gone (killed), the compaction counts as abandoned once its heartbeat is "
+            f"{timeout_s} s old (heartbeat_timeout_s); `nbcc compact {uri} --instant {tc}`"
+            f"{' ' + other_ways if other_ways else ''} runs it now")
+
+
 def run_compactions(storage: Storage, config: TableConfig, clock: TimeGenerator,
                     run: Callable[[str, bool], T],
                     leave: Callable[[str, float], None] | None = None) -> list[T]:
@@ -320,20 +328,17 @@ def run_compactions(storage: Storage, config: TableConfig, clock: TimeGenerator,
     results: list[T] = []
     failure: Exception | None = None
 
+    def warn(tc: str, idle_s: float) -> None:  # it explains why the job did not run what it was asked to
+        log.warning("%s", left_to_its_executor(storage.uri, tc, idle_s, config.heartbeat_timeout_s,
+                                               "(or Table.run_compaction, or pyspark_nbcc.compact with instant=)"))
+
     def attempt(tc: str, earlier: bool) -> None:
         nonlocal failure
-        if earlier:  # read just before running it: the ones before may have taken long
-            busy = executing_compactions(storage, [tc], config.heartbeat_timeout_s)
-            if tc in busy:
-                if leave is not None:
-                    leave(tc, busy[tc])
-                else:  # a warning: it explains why the job did not run what it was asked to
-                    log.warning("compaction %s is being executed by another process (last heartbeat %.0f s ago); "
-                                "left to it. If that process is gone, the compaction counts as abandoned once its "
-                                "heartbeat is %s s old (heartbeat_timeout_s); `nbcc compact %s --instant %s` (or "
-                                "Table.run_compaction, or pyspark_nbcc.compact with instant=) runs it now",
-                                tc, busy[tc], config.heartbeat_timeout_s, storage.uri, tc)
-                return
+        # Read just before running it: the ones before may have taken long.
+        busy = executing_compactions(storage, [tc], config.heartbeat_timeout_s) if earlier else {}
+        if tc in busy:
+            (leave or warn)(tc, busy[tc])
+            return
         try:
             results.append(run(tc, earlier))
         except Exception as exc:  # noqa: BLE001 - raised below, after the others
